@@ -1,0 +1,172 @@
+/*
+ * shm.h: the shared-memory segment RUN/smg.shm that every process maps.
+ *
+ * It carries what must be read on the request path without a round trip:
+ *   - the worker table (written by the broker only, read by all under a
+ *     per-slot seqlock);
+ *   - one row per frontend slot with its in-flight counters per worker and
+ *     a heartbeat (written by that frontend only);
+ *   - metric series (see metrics.h), one value column per process row.
+ * The segment is versioned: a process that finds a segment with another
+ * magic, version or size refuses to use it (shm_open_segment returns -1).
+ *
+ * Lifetime: the first process to start creates the file (O_CREAT|O_EXCL
+ * race is handled: losers map the winner's file); nobody but the launcher
+ * (and tests) unlinks it, so a broker or frontend restart re-attaches and
+ * keeps every counter. Frontends claim a row with shm_frontend_claim; the
+ * broker calls shm_reclaim_dead every 250 ms, which zeroes the in-flight
+ * counters of a row whose process died (pid gone, or heartbeat older than
+ * SHM_HEARTBEAT_STALE_MS) and frees the row.
+ */
+#ifndef SHARED_SHM_H
+#define SHARED_SHM_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#define SHM_MAGIC		0x53474d43u /* "SMGC" */
+#define SHM_VERSION		1u
+#define SHM_FILENAME		"smg.shm"
+#define SHM_MAX_WORKERS		512
+#define SHM_MAX_FRONTENDS	64
+#define SHM_MAX_SERIES		4096
+#define SHM_URL_MAX		256
+#define SHM_MODEL_MAX		128
+#define SHM_ID_MAX		48
+#define SHM_KEY_MAX		256
+#define SHM_SERIES_NAME_MAX	256
+#define SHM_HEARTBEAT_STALE_MS	3000
+
+/* Process rows: frontends 0..SHM_MAX_FRONTENDS-1, then these. */
+#define SHM_ROW_BROKER		(SHM_MAX_FRONTENDS + 0)
+#define SHM_ROW_POLLER		(SHM_MAX_FRONTENDS + 1)
+#define SHM_ROW_LAUNCHER	(SHM_MAX_FRONTENDS + 2)
+#define SHM_ROWS		(SHM_MAX_FRONTENDS + 3)
+
+/* Values match proto/ipc.proto WorkerType / ConnectionMode. */
+enum shm_worker_status {
+	SHM_WORKER_PENDING = 0,
+	SHM_WORKER_READY,
+	SHM_WORKER_NOT_READY,
+	SHM_WORKER_FAILED,
+	SHM_WORKER_DRAINING,
+};
+
+enum shm_breaker_state {
+	SHM_BREAKER_CLOSED = 0,
+	SHM_BREAKER_OPEN,
+	SHM_BREAKER_HALF_OPEN,
+};
+
+/*
+ * One worker. The broker writes a slot with shm_worker_write (seqlock:
+ * sw_seq is odd while it writes); readers copy with shm_worker_read.
+ * A slot that is reused for another worker gets a new sw_generation, so a
+ * frontend holding (slot, generation) from a decision can tell.
+ */
+struct shm_worker {
+	uint32_t sw_in_use;		/* 0: free slot */
+	uint32_t sw_generation;
+	uint32_t sw_order;		/* registration order, for candidate order */
+	uint32_t sw_type;		/* enum WorkerType of ipc.proto */
+	uint32_t sw_mode;		/* enum ConnectionMode */
+	uint32_t sw_status;		/* enum shm_worker_status */
+	uint32_t sw_breaker;		/* enum shm_breaker_state */
+	uint32_t sw_overloaded;		/* overload guard veto (gateway.md §8) */
+	int32_t sw_bootstrap_port;	/* -1: none */
+	uint32_t sw_pad;
+	char sw_id[SHM_ID_MAX];
+	char sw_url[SHM_URL_MAX];	/* as registered, no trailing '/' */
+	char sw_model[SHM_MODEL_MAX];	/* "unknown" until discovered */
+	char sw_api_key[SHM_KEY_MAX];	/* "" none; segment is mode 0600 */
+};
+
+struct shm_worker_slot {
+	_Atomic uint32_t ws_seq;
+	uint32_t ws_pad;
+	struct shm_worker ws_w;
+};
+
+struct shm_row {
+	_Atomic int32_t row_pid;		/* 0: free */
+	_Atomic uint32_t row_pad;
+	_Atomic uint64_t row_heartbeat_ms;	/* CLOCK_MONOTONIC ms */
+	_Atomic uint32_t row_inflight[SHM_MAX_WORKERS];
+};
+
+struct shm_series {
+	_Atomic uint32_t se_state;	/* 0 free, 1 being written, 2 ready */
+	uint32_t se_kind;		/* enum metrics_kind */
+	char se_name[SHM_SERIES_NAME_MAX]; /* family{labels} */
+};
+
+struct shm_segment {
+	uint32_t sh_magic;
+	uint32_t sh_version;
+	uint64_t sh_size;
+	_Atomic uint64_t sh_workers_generation; /* bumps on any slot write */
+	_Atomic uint32_t sh_series_count;
+	uint32_t sh_pad;
+	struct shm_worker_slot sh_workers[SHM_MAX_WORKERS];
+	struct shm_row sh_rows[SHM_ROWS];
+	struct shm_series sh_series[SHM_MAX_SERIES];
+	/* Values: [row][series]; counters add, gauges are summed too. */
+	_Atomic int64_t sh_values[SHM_ROWS][SHM_MAX_SERIES];
+};
+
+struct shm;
+
+/*
+ * Maps RUN/smg.shm, creating and initialising it when absent. Returns NULL
+ * (logged) when the file cannot be made or belongs to another version.
+ */
+struct shm *shm_open_segment(const char *run_dir);
+/* Unmaps; shm_close(NULL) is a no-op. Does not unlink. */
+void shm_close(struct shm *shm);
+/* Removes RUN/smg.shm (launcher shutdown, tests). */
+int shm_unlink_segment(const char *run_dir);
+struct shm_segment *shm_segment(struct shm *shm);
+
+/* Monotonic milliseconds, the clock of row_heartbeat_ms. */
+uint64_t shm_now_ms(void);
+
+/*
+ * Worker table. shm_worker_read copies slot `slot` consistently; returns 0
+ * when the slot is in use, -1 when free or out of range. Broker only:
+ * shm_worker_write publishes a whole slot and bumps sh_workers_generation;
+ * shm_worker_clear frees it (generation kept, so reuse bumps it).
+ */
+int shm_worker_read(struct shm *shm, unsigned slot, struct shm_worker *out);
+void shm_worker_write(struct shm *shm, unsigned slot,
+    const struct shm_worker *w);
+void shm_worker_clear(struct shm *shm, unsigned slot);
+uint64_t shm_workers_generation(struct shm *shm);
+
+/*
+ * Rows. shm_frontend_claim takes a free (or dead) frontend row for the
+ * calling process, preferring `wanted` (-1: any); returns the row or -1
+ * when all are taken. shm_row_claim takes a fixed row (broker, poller).
+ * shm_heartbeat stamps the caller's row; call it at least every 500 ms.
+ * shm_row_release frees a row at clean exit, zeroing its in-flight.
+ */
+int shm_frontend_claim(struct shm *shm, int wanted);
+int shm_row_claim(struct shm *shm, int row);
+void shm_heartbeat(struct shm *shm, int row);
+void shm_row_release(struct shm *shm, int row);
+/*
+ * Zeroes the in-flight counters of dead rows and frees them; returns how
+ * many rows were reclaimed. Any process may call it (the broker does).
+ */
+int shm_reclaim_dead(struct shm *shm);
+
+/* In-flight: the caller's row only; reads sum every row. */
+void shm_inflight_inc(struct shm *shm, int row, unsigned slot);
+void shm_inflight_dec(struct shm *shm, int row, unsigned slot);
+uint32_t shm_inflight_total(struct shm *shm, unsigned slot);
+/* Zeroes every row's count for a slot (broker, when a slot is reused). */
+void shm_inflight_reset_slot(struct shm *shm, unsigned slot);
+
+#endif /* SHARED_SHM_H */
