@@ -1,0 +1,89 @@
+/*
+ * upstream.h: requests from a frontend to workers, on pooled keep-alive
+ * HTTP/1.1 connections (TLS through mbedTLS for https:// workers).
+ *
+ * One pool per worker base URL; idle connections close after
+ * --upstream-pool-idle-timeout-secs. A request is sent, its response head
+ * is parsed (http-parser, response mode), and the body is handed over
+ * chunk by chunk as it arrives, already de-chunked, so the caller can relay
+ * SSE events unchanged. Nothing is buffered beyond one read.
+ *
+ * Flow control: when the caller cannot take more (its client is slow) it
+ * calls upstream_pause; reading the worker stops until upstream_resume.
+ *
+ * Every callback runs on the frontend's loop. After on_done (exactly once
+ * per started request, unless cancelled) the request handle is gone.
+ * upstream_cancel drops the connection (the engine sees the disconnect and
+ * aborts the generation) and no callback runs afterwards.
+ */
+#ifndef FRONTEND_UPSTREAM_H
+#define FRONTEND_UPSTREAM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include <ev.h>
+
+struct upstream;	 /* all pools of one frontend */
+struct upstream_req; /* one in-flight request */
+
+struct upstream_header {
+	const char *uh_name; /* lowercase */
+	size_t uh_name_len;
+	const char *uh_value;
+	size_t uh_value_len;
+};
+
+enum upstream_error {
+	UPSTREAM_OK = 0,
+	UPSTREAM_CONNECT_FAILED,  /* refused, unreachable, TLS handshake */
+	UPSTREAM_SEND_FAILED,	  /* reset before any response byte */
+	UPSTREAM_TIMEOUT,	  /* connect or request deadline */
+	UPSTREAM_PROTOCOL,	  /* unparsable response */
+	UPSTREAM_RESET_MIDSTREAM, /* closed after the head was received */
+};
+
+struct upstream_cbs {
+	/* Status and headers (hop-by-hop ones included; caller filters). */
+	void (*on_head)(void *arg, int status,
+	    const struct upstream_header *headers, size_t nheaders);
+	/* A piece of the (de-chunked) body; valid only during the call. */
+	void (*on_body)(void *arg, const char *data, size_t len);
+	/* End of the response (err UPSTREAM_OK) or failure. */
+	void (*on_done)(void *arg, enum upstream_error err);
+};
+
+struct upstream_config {
+	double uc_idle_timeout_secs;	 /* pooled connection lifetime idle */
+	double uc_connect_timeout_secs;	 /* per connect + TLS handshake */
+	double uc_request_timeout_secs;	 /* whole request */
+	const char *uc_ca_paths[8];	 /* NULL-terminated; none = system */
+	const char *uc_client_cert_path; /* mTLS, optional */
+	const char *uc_client_key_path;
+	unsigned uc_max_idle_per_worker; /* pooled idle connections kept */
+};
+
+struct upstream *upstream_new(struct ev_loop *loop,
+    const struct upstream_config *cfg);
+/* Closes every connection; pending requests get no callbacks. */
+void upstream_free(struct upstream *up);
+
+/*
+ * Starts `method path` on base_url (http://host:port or https://...).
+ * headers are sent as given (the caller adds authorization, content-type,
+ * x-request-id, ...); Host and Content-Length are added here. body is
+ * copied before return. Returns the handle, or NULL when the request cannot
+ * even be started (bad URL, out of memory): no callback runs then.
+ */
+struct upstream_req *upstream_request(struct upstream *up,
+    const char *base_url, const char *method, const char *path,
+    const struct upstream_header *headers, size_t nheaders, const char *body,
+    size_t body_len, const struct upstream_cbs *cbs, void *arg);
+void upstream_pause(struct upstream_req *req);
+void upstream_resume(struct upstream_req *req);
+void upstream_cancel(struct upstream_req *req);
+
+/* Statistics for tests and metrics. */
+unsigned upstream_idle_connections(struct upstream *up);
+
+#endif /* FRONTEND_UPSTREAM_H */
