@@ -24,7 +24,7 @@
 
 #include <ev.h>
 
-struct upstream;	 /* all pools of one frontend */
+struct upstream; /* all pools of one frontend */
 struct upstream_req; /* one in-flight request */
 
 struct upstream_header {
@@ -36,10 +36,10 @@ struct upstream_header {
 
 enum upstream_error {
 	UPSTREAM_OK = 0,
-	UPSTREAM_CONNECT_FAILED,  /* refused, unreachable, TLS handshake */
-	UPSTREAM_SEND_FAILED,	  /* reset before any response byte */
-	UPSTREAM_TIMEOUT,	  /* connect or request deadline */
-	UPSTREAM_PROTOCOL,	  /* unparsable response */
+	UPSTREAM_CONNECT_FAILED, /* refused, unreachable, TLS handshake */
+	UPSTREAM_SEND_FAILED, /* reset before any response byte */
+	UPSTREAM_TIMEOUT, /* connect or request deadline */
+	UPSTREAM_PROTOCOL, /* unparsable response */
 	UPSTREAM_RESET_MIDSTREAM, /* closed after the head was received */
 };
 
@@ -54,36 +54,60 @@ struct upstream_cbs {
 };
 
 struct upstream_config {
-	double uc_idle_timeout_secs;	 /* pooled connection lifetime idle */
-	double uc_connect_timeout_secs;	 /* per connect + TLS handshake */
-	double uc_request_timeout_secs;	 /* whole request */
-	const char *uc_ca_paths[8];	 /* NULL-terminated; none = system */
+	double uc_idle_timeout_secs; /* pooled connection lifetime idle */
+	double uc_connect_timeout_secs; /* per connect + TLS handshake */
+	double uc_request_timeout_secs; /* whole request */
+	const char *uc_ca_paths[8]; /* NULL-terminated; none = system */
 	const char *uc_client_cert_path; /* mTLS, optional */
 	const char *uc_client_key_path;
 	unsigned uc_max_idle_per_worker; /* pooled idle connections kept */
 };
 
+/*
+ * The config is copied. When CA paths or a client certificate are given
+ * they are loaded now: NULL (logged) if they cannot be; otherwise the
+ * system CA store is loaded on the first https:// request. Timeouts <= 0
+ * mean none; idle timeout <= 0 or max idle 0 mean no connection is kept.
+ */
 struct upstream *upstream_new(struct ev_loop *loop,
     const struct upstream_config *cfg);
-/* Closes every connection; pending requests get no callbacks. */
+/* Closes every connection; pending requests get no callbacks. Not to be
+ * called from inside an upstream callback. */
 void upstream_free(struct upstream *up);
 
 /*
  * Starts `method path` on base_url (http://host:port or https://...).
  * headers are sent as given (the caller adds authorization, content-type,
- * x-request-id, ...); Host and Content-Length are added here. body is
- * copied before return. Returns the handle, or NULL when the request cannot
- * even be started (bad URL, out of memory): no callback runs then.
+ * x-request-id, ...); Host, Content-Length (always, except for a GET or
+ * HEAD without body) and Connection are added here, and the caller's
+ * host, content-length, connection, transfer-encoding, keep-alive,
+ * upgrade and te are dropped. body is copied before return. Returns the
+ * handle, or NULL when the request cannot even be started (bad URL, a
+ * method, path or header with CR/LF or illegal characters, out of
+ * memory): no callback runs then. No callback ever runs from inside this
+ * call; a request that cannot connect fails from the loop.
+ *
+ * A pooled connection lost before any response byte (the worker closed
+ * it as it was reused) is re-sent once on a new connection, invisibly to
+ * the caller (counted by upstream_send_retries). A new connection lost
+ * before any response byte gives UPSTREAM_SEND_FAILED: the spec's single
+ * immediate re-send is the caller's. Lost after some bytes but
+ * before the whole head: UPSTREAM_PROTOCOL; after the head:
+ * UPSTREAM_RESET_MIDSTREAM. A body delimited by EOF ends with
+ * UPSTREAM_OK at EOF.
  */
-struct upstream_req *upstream_request(struct upstream *up,
-    const char *base_url, const char *method, const char *path,
-    const struct upstream_header *headers, size_t nheaders, const char *body,
-    size_t body_len, const struct upstream_cbs *cbs, void *arg);
+struct upstream_req *upstream_request(struct upstream *up, const char *base_url,
+    const char *method, const char *path, const struct upstream_header *headers,
+    size_t nheaders, const char *body, size_t body_len,
+    const struct upstream_cbs *cbs, void *arg);
 void upstream_pause(struct upstream_req *req);
 void upstream_resume(struct upstream_req *req);
 void upstream_cancel(struct upstream_req *req);
 
 /* Statistics for tests and metrics. */
 unsigned upstream_idle_connections(struct upstream *up);
+/* Requests re-sent internally because a reused connection was lost
+ * before any response byte, cumulative. */
+unsigned long upstream_send_retries(struct upstream *up);
 
 #endif /* FRONTEND_UPSTREAM_H */

@@ -28,9 +28,24 @@ enum metrics_kind {
 	METRICS_HISTOGRAM,
 };
 
-/* Returns the series index, or -1 when the table is full or names bad. */
-int metrics_series(struct shm *shm, enum metrics_kind kind,
-    const char *family, const char *labels);
+/*
+ * Returns the series index, or -1 (logged) when the table is full, the
+ * name does not fit SHM_SERIES_NAME_MAX, the same name was registered
+ * with another kind, or family/labels are malformed. family must match
+ * [a-zA-Z_:][a-zA-Z0-9_:]*; labels (NULL or "" for none) is the text
+ * between the braces, k="v",k2="v2", with values already escaped: build
+ * it with metrics_labels, which escapes.
+ */
+int metrics_series(struct shm *shm, enum metrics_kind kind, const char *family,
+    const char *labels);
+
+/*
+ * Builds label text for metrics_series from (name, value) string pairs
+ * ended by a NULL name, escaping \, " and newline in values (a NULL value
+ * is ""). Returns 0, or -1 when a name is invalid or buf is too small.
+ * Example: metrics_labels(buf, sizeof(buf), "worker", url, NULL).
+ */
+int metrics_labels(char *buf, size_t len, ...);
 void metrics_add(struct shm *shm, int row, int series, int64_t delta);
 /* Sets this row's value (gauges owned by one process, e.g. the broker). */
 void metrics_set(struct shm *shm, int row, int series, int64_t value);
@@ -41,20 +56,30 @@ struct metrics_histogram {
 	int mh_buckets[METRICS_MAX_BUCKETS]; /* series per upper bound */
 	double mh_bounds[METRICS_MAX_BUCKETS];
 	int mh_nbuckets;
-	int mh_sum;	/* series, microseconds */
-	int mh_count;	/* series */
+	int mh_sum; /* series, microseconds */
+	int mh_count; /* series */
 };
 
-/* Default seconds buckets, or --prometheus-duration-buckets when given. */
+/*
+ * Registers a histogram: bounds (seconds, finite, strictly increasing, at
+ * most METRICS_MAX_BUCKETS) or, when bounds is NULL or nbounds 0, the
+ * default 0.001 ... 300 s. Pass --prometheus-duration-buckets here when
+ * given. Returns 0, or -1 (logged) as metrics_series does.
+ * metrics_observe counts one observation in the caller's row; a negative
+ * or NaN duration counts as 0.
+ */
 int metrics_histogram_init(struct shm *shm, struct metrics_histogram *h,
-    const char *family, const char *labels, const double *bounds,
-    int nbounds);
+    const char *family, const char *labels, const double *bounds, int nbounds);
 void metrics_observe(struct shm *shm, int row, struct metrics_histogram *h,
     double seconds);
 
 /*
- * Renders every series in Prometheus text format (with # TYPE lines) into
- * a malloc'ed buffer; returns 0, or -1 on allocation failure.
+ * Renders every series in Prometheus text format into a malloc'ed,
+ * NUL-terminated buffer (*len excludes the NUL; the caller frees it);
+ * returns 0, or -1 on allocation failure. Values are summed over all rows.
+ * Families come sorted by name, each after one # TYPE line, series sorted
+ * by labels; a histogram shows cumulative _bucket lines in le order ending
+ * with le="+Inf", then _sum in seconds and _count.
  */
 int metrics_render(struct shm *shm, char **out, size_t *len);
 

@@ -27,24 +27,24 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#define SHM_MAGIC		0x53474d43u /* "SMGC" */
-#define SHM_VERSION		1u
-#define SHM_FILENAME		"smg.shm"
-#define SHM_MAX_WORKERS		512
-#define SHM_MAX_FRONTENDS	64
-#define SHM_MAX_SERIES		4096
-#define SHM_URL_MAX		256
-#define SHM_MODEL_MAX		128
-#define SHM_ID_MAX		48
-#define SHM_KEY_MAX		256
-#define SHM_SERIES_NAME_MAX	256
-#define SHM_HEARTBEAT_STALE_MS	3000
+#define SHM_MAGIC              0x53474d43u /* "SMGC" */
+#define SHM_VERSION            1u
+#define SHM_FILENAME           "smg.shm"
+#define SHM_MAX_WORKERS        512
+#define SHM_MAX_FRONTENDS      64
+#define SHM_MAX_SERIES         4096
+#define SHM_URL_MAX            256
+#define SHM_MODEL_MAX          128
+#define SHM_ID_MAX             48
+#define SHM_KEY_MAX            256
+#define SHM_SERIES_NAME_MAX    256
+#define SHM_HEARTBEAT_STALE_MS 3000
 
 /* Process rows: frontends 0..SHM_MAX_FRONTENDS-1, then these. */
-#define SHM_ROW_BROKER		(SHM_MAX_FRONTENDS + 0)
-#define SHM_ROW_POLLER		(SHM_MAX_FRONTENDS + 1)
-#define SHM_ROW_LAUNCHER	(SHM_MAX_FRONTENDS + 2)
-#define SHM_ROWS		(SHM_MAX_FRONTENDS + 3)
+#define SHM_ROW_BROKER   (SHM_MAX_FRONTENDS + 0)
+#define SHM_ROW_POLLER   (SHM_MAX_FRONTENDS + 1)
+#define SHM_ROW_LAUNCHER (SHM_MAX_FRONTENDS + 2)
+#define SHM_ROWS         (SHM_MAX_FRONTENDS + 3)
 
 /* Values match proto/ipc.proto WorkerType / ConnectionMode. */
 enum shm_worker_status {
@@ -68,20 +68,20 @@ enum shm_breaker_state {
  * frontend holding (slot, generation) from a decision can tell.
  */
 struct shm_worker {
-	uint32_t sw_in_use;		/* 0: free slot */
+	uint32_t sw_in_use; /* 0: free slot */
 	uint32_t sw_generation;
-	uint32_t sw_order;		/* registration order, for candidate order */
-	uint32_t sw_type;		/* enum WorkerType of ipc.proto */
-	uint32_t sw_mode;		/* enum ConnectionMode */
-	uint32_t sw_status;		/* enum shm_worker_status */
-	uint32_t sw_breaker;		/* enum shm_breaker_state */
-	uint32_t sw_overloaded;		/* overload guard veto (gateway.md §8) */
-	int32_t sw_bootstrap_port;	/* -1: none */
+	uint32_t sw_order; /* registration order, for candidate order */
+	uint32_t sw_type; /* enum WorkerType of ipc.proto */
+	uint32_t sw_mode; /* enum ConnectionMode */
+	uint32_t sw_status; /* enum shm_worker_status */
+	uint32_t sw_breaker; /* enum shm_breaker_state */
+	uint32_t sw_overloaded; /* overload guard veto (gateway.md §8) */
+	int32_t sw_bootstrap_port; /* -1: none */
 	uint32_t sw_pad;
 	char sw_id[SHM_ID_MAX];
-	char sw_url[SHM_URL_MAX];	/* as registered, no trailing '/' */
-	char sw_model[SHM_MODEL_MAX];	/* "unknown" until discovered */
-	char sw_api_key[SHM_KEY_MAX];	/* "" none; segment is mode 0600 */
+	char sw_url[SHM_URL_MAX]; /* as registered, no trailing '/' */
+	char sw_model[SHM_MODEL_MAX]; /* "unknown" until discovered */
+	char sw_api_key[SHM_KEY_MAX]; /* "" none; segment is mode 0600 */
 };
 
 struct shm_worker_slot {
@@ -91,15 +91,15 @@ struct shm_worker_slot {
 };
 
 struct shm_row {
-	_Atomic int32_t row_pid;		/* 0: free */
+	_Atomic int32_t row_pid; /* 0: free */
 	_Atomic uint32_t row_pad;
-	_Atomic uint64_t row_heartbeat_ms;	/* CLOCK_MONOTONIC ms */
+	_Atomic uint64_t row_heartbeat_ms; /* CLOCK_MONOTONIC ms */
 	_Atomic uint32_t row_inflight[SHM_MAX_WORKERS];
 };
 
 struct shm_series {
-	_Atomic uint32_t se_state;	/* 0 free, 1 being written, 2 ready */
-	uint32_t se_kind;		/* enum metrics_kind */
+	_Atomic uint32_t se_state; /* 0 free, 1 being written, 2 ready */
+	uint32_t se_kind; /* enum metrics_kind */
 	char se_name[SHM_SERIES_NAME_MAX]; /* family{labels} */
 };
 
@@ -136,11 +136,14 @@ uint64_t shm_now_ms(void);
 /*
  * Worker table. shm_worker_read copies slot `slot` consistently; returns 0
  * when the slot is in use, -1 when free or out of range. Broker only:
- * shm_worker_write publishes a whole slot and bumps sh_workers_generation;
- * shm_worker_clear frees it (generation kept, so reuse bumps it).
+ * shm_worker_write publishes a whole slot (sw_in_use forced to 1) and bumps
+ * sh_workers_generation; shm owns sw_generation: the caller's value is
+ * ignored, a write to a free slot bumps it, a rewrite of an in-use slot
+ * keeps it; the published generation is returned. shm_worker_clear frees
+ * the slot (generation kept, so reuse bumps it).
  */
 int shm_worker_read(struct shm *shm, unsigned slot, struct shm_worker *out);
-void shm_worker_write(struct shm *shm, unsigned slot,
+uint32_t shm_worker_write(struct shm *shm, unsigned slot,
     const struct shm_worker *w);
 void shm_worker_clear(struct shm *shm, unsigned slot);
 uint64_t shm_workers_generation(struct shm *shm);
@@ -148,9 +151,14 @@ uint64_t shm_workers_generation(struct shm *shm);
 /*
  * Rows. shm_frontend_claim takes a free (or dead) frontend row for the
  * calling process, preferring `wanted` (-1: any); returns the row or -1
- * when all are taken. shm_row_claim takes a fixed row (broker, poller).
- * shm_heartbeat stamps the caller's row; call it at least every 500 ms.
- * shm_row_release frees a row at clean exit, zeroing its in-flight.
+ * when all are taken. shm_row_claim takes a fixed row (broker, poller) if
+ * it is free, dead or already the caller's: 0, or -1 (logged) when a live
+ * process holds it. shm_heartbeat stamps the caller's row; call it at
+ * least every 500 ms. shm_row_release frees the caller's row at clean
+ * exit, zeroing its in-flight (metric values are kept).
+ * A row's row_pid is 0 when free, the owner's pid, or minus the pid of a
+ * process reclaiming it. A dead process must have been reaped (a zombie
+ * still answers kill(pid, 0)) or have a stale heartbeat.
  */
 int shm_frontend_claim(struct shm *shm, int wanted);
 int shm_row_claim(struct shm *shm, int row);

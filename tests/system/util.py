@@ -118,7 +118,7 @@ class Proc:
         with open(self.log_path, "rb") as f:
             return f.read().decode(errors="replace")
 
-    def signal(self, sig):
+    def send_signal(self, sig):
         if self.alive():
             self.p.send_signal(sig)
 

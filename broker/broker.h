@@ -1,0 +1,471 @@
+/*
+ * broker.h: private header of smg-broker, one section per file.
+ *
+ * The broker is single-threaded: every function here runs on the process's
+ * one libev loop and none of them is safe to call from another thread.
+ * struct broker is the process state; every file reaches the registry, the
+ * policies, the store and the shm segment through it.
+ */
+#ifndef BROKER_BROKER_H
+#define BROKER_BROKER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+#include <ev.h>
+
+#include "ipc.pb-c.h"
+#include "shared/shm.h"
+
+#define BROKER_MODEL_UNKNOWN	"unknown"
+#define BROKER_NTYPES		4 /* enum Smg__WorkerType values */
+#define BROKER_NMODES		3 /* enum Smg__ConnectionMode values */
+#define BROKER_TICK_SECS	0.25
+#define BROKER_RR_MAX_SETS	1024
+
+struct broker;
+struct worker;
+struct policy;
+struct store;
+
+/*
+ * What the broker needs of the command line, filled once by main.c from
+ * struct config (tests fill it by hand). Strings are borrowed and must
+ * outlive the broker.
+ */
+struct broker_startup_worker {
+	const char *sw_url;
+	int sw_type;		/* Smg__WorkerType */
+	int32_t sw_bootstrap_port; /* -1 none */
+};
+
+struct broker_settings {
+	const char *bs_state_dir;
+	const char *bs_run_dir;
+	const char *bs_policy;		/* policy name for the default instance */
+	const char *bs_prefill_policy;	/* PD leg policies; NULL = bs_policy */
+	const char *bs_decode_policy;
+	const char *bs_encode_policy;
+	bool bs_pd;
+	int bs_mode;			/* router connection mode */
+	uint32_t bs_cb_failure_threshold;
+	uint32_t bs_cb_success_threshold;
+	uint32_t bs_cb_timeout_secs;
+	bool bs_disable_circuit_breaker;
+	uint32_t bs_health_failure_threshold;
+	uint32_t bs_health_success_threshold;
+	bool bs_disable_health_check;
+	bool bs_remove_unhealthy;
+	double bs_drain_settle_secs;
+	uint32_t bs_load_monitor_interval;
+	int64_t bs_overload_waiting;	/* 0: unset */
+	double bs_overload_token_usage; /* 0: unset */
+	const char *bs_api_key;		/* NULL none */
+	const struct broker_startup_worker *bs_workers;
+	size_t bs_nworkers;
+};
+
+/* ---------------------------------------------------------- breaker.c */
+
+enum breaker_outcome {
+	BREAKER_SUCCESS = 0,
+	BREAKER_FAILURE,
+	BREAKER_IGNORED,
+};
+
+struct breaker_conf {
+	uint32_t bc_failure_threshold;
+	uint32_t bc_success_threshold;
+	uint64_t bc_timeout_ms;
+};
+
+struct breaker {
+	enum shm_breaker_state cb_state;
+	uint32_t cb_failures;	/* consecutive */
+	uint32_t cb_successes;	/* consecutive */
+	uint64_t cb_opened_ms;
+};
+
+/* gateway.md §7.2 default sets: 429 ignored, 408/5xx listed and transport
+ * errors failures, everything else a success. */
+enum breaker_outcome breaker_classify(uint32_t http_status,
+    bool transport_error);
+void breaker_conf_init(struct breaker_conf *bc,
+    const struct broker_settings *bs);
+void breaker_init(struct breaker *b);
+/*
+ * The pure state machine. breaker_step applies one outcome; breaker_poll
+ * makes the lazy Open -> HalfOpen move when the timeout has passed. Both
+ * return 1 when the state changed (old state in *from), else 0.
+ */
+int breaker_step(struct breaker *b, const struct breaker_conf *bc,
+    enum breaker_outcome o, uint64_t now_ms, enum shm_breaker_state *from);
+int breaker_poll(struct breaker *b, const struct breaker_conf *bc,
+    uint64_t now_ms, enum shm_breaker_state *from);
+const char *breaker_state_name(enum shm_breaker_state s);
+/*
+ * Worker level: record an outcome or examine availability, publish the
+ * smg_worker_cb_* metrics and, on a transition, the shm row. Returns
+ * whether the worker's breaker lets traffic through (not Open).
+ */
+void breaker_record(struct broker *br, struct worker *w,
+    enum breaker_outcome o);
+bool breaker_routable(struct broker *br, struct worker *w);
+/* Registers the per-worker breaker series (on worker creation). */
+void breaker_metrics_init(struct broker *br, struct worker *w);
+
+/* ---------------------------------------------------------- registry.c */
+
+struct worker_load {
+	bool wl_valid;			/* a report with >= 1 rank */
+	unsigned wl_nranks;
+	int64_t wl_waiting_reqs;
+	int64_t wl_waiting_uncached_tokens;
+	int64_t wl_running_reqs;
+	double wl_token_usage;		/* mean over ranks */
+	double wl_gen_throughput;
+	int64_t wl_fetched_at_ms;	/* CLOCK_REALTIME, from the poller */
+	uint64_t wl_received_ms;	/* our monotonic clock */
+};
+
+struct model_entry;
+
+struct worker {
+	char *wk_url;			/* no trailing '/' */
+	char wk_id[SHM_ID_MAX];
+	uint64_t wk_url_hash;		/* XXH3 of wk_url */
+	char *wk_model;			/* BROKER_MODEL_UNKNOWN until known */
+	char *wk_runtime;		/* "" unknown */
+	int wk_type;			/* Smg__WorkerType */
+	int wk_mode;			/* Smg__ConnectionMode */
+	char *wk_api_key;		/* NULL none */
+	int32_t wk_bootstrap_port;	/* -1 none */
+	uint32_t wk_priority;
+	double wk_cost;
+	cJSON *wk_labels;		/* object of strings, owned */
+	cJSON *wk_spec;			/* client's spec without api_key, or NULL */
+	uint32_t wk_order;
+	bool wk_from_cli;
+	bool wk_persist;		/* kept in the store (API-added) */
+	enum shm_worker_status wk_status;
+	struct breaker wk_cb;
+	bool wk_health_disabled;
+	uint32_t wk_health_passes;	/* consecutive */
+	uint32_t wk_health_fails;	/* consecutive */
+	uint32_t wk_probes_pending;	/* probes while Pending */
+	char *wk_error;			/* last discovery error, or NULL */
+	bool wk_overloaded;
+	int64_t wk_ov_waiting;		/* effective thresholds, 0 unset */
+	double wk_ov_token_usage;
+	struct worker_load wk_load;
+	unsigned wk_slot;
+	uint32_t wk_generation;
+	struct model_entry *wk_me;
+	ev_timer wk_drain;		/* Draining -> removed */
+	/* metric series, -1 when the table was full */
+	int wk_m_cb_state;
+	int wk_m_cb_fail;
+	int wk_m_cb_succ;
+	int wk_m_cb_out_ok;
+	int wk_m_cb_out_fail;
+	int wk_m_health;
+	int wk_m_active;
+};
+
+struct model_entry {
+	char *me_name;
+	struct worker **me_workers;	/* registration order */
+	unsigned me_n;
+	unsigned me_cap;
+	struct policy *me_policy;	/* owned; NULL: the default instance */
+	bool me_policy_decided;
+	/* smg_worker_selection_total series by type, mode; -2 not yet */
+	int me_sel_series[BROKER_NTYPES][BROKER_NMODES];
+	const struct policy *me_sel_policy[BROKER_NTYPES][BROKER_NMODES];
+	int me_m_overloaded;
+	int64_t me_overloaded;
+};
+
+/* Fields a new worker is created with. Strings are copied. */
+struct worker_spec {
+	const char *ws_url;
+	const char *ws_model;		/* NULL/"" unknown */
+	const char *ws_runtime;
+	int ws_type;
+	int ws_mode;
+	const char *ws_api_key;
+	int32_t ws_bootstrap_port;
+	uint32_t ws_priority;
+	double ws_cost;
+	const cJSON *ws_labels;		/* copied */
+	const cJSON *ws_spec;		/* copied */
+	bool ws_from_cli;
+	bool ws_health_disabled;	/* spec health.disable_health_check */
+	int64_t ws_ov_waiting;		/* per-worker overload overrides, 0 unset */
+	double ws_ov_token_usage;
+};
+
+/*
+ * Normalises a URL into buf (trailing '/' removed) and validates it as
+ * gateway.md §1: scheme http/https/grpc/grpcs/ipc, a host except for ipc;
+ * no quotes, backslashes, spaces or controls. Returns 0, or -1 with the
+ * reason in err.
+ */
+int registry_normalize_url(const char *url, char *buf, size_t len, char *err,
+    size_t errlen);
+/* 16 hex digits of XXH3 of the normalised url. */
+void registry_worker_id(const char *url, char out[SHM_ID_MAX]);
+/*
+ * Snapshot of the shm worker table at start, so a restarted broker keeps
+ * the slots, generations, status and model of the workers it had.
+ */
+void registry_adopt_begin(struct broker *br);
+/* Frees every slot no worker adopted; call once after startup adds. */
+void registry_adopt_end(struct broker *br);
+/*
+ * Creates a worker, gives it a shm slot, indexes it and publishes it.
+ * Returns the worker, or NULL with *why set (duplicate url, table full).
+ * With `persist`, the worker is kept in the store (API-added workers) and
+ * rewritten there on every change until removed.
+ */
+struct worker *registry_add(struct broker *br, const struct worker_spec *ws,
+    bool persist, const char **why);
+/* Immediate removal: policies, indexes, shm slot, store; frees w. */
+void registry_remove(struct broker *br, struct worker *w);
+/* Starts Draining for --drain-settle-secs, then registry_remove. */
+void registry_drain(struct broker *br, struct worker *w);
+struct worker *registry_find(struct broker *br, const char *id_or_url);
+struct worker *registry_by_slot(struct broker *br, unsigned slot,
+    uint32_t generation);
+/* Moves w to another model (discovery); decides the model's policy. */
+void registry_set_model(struct broker *br, struct worker *w,
+    const char *model);
+void registry_set_status(struct broker *br, struct worker *w,
+    enum shm_worker_status st);
+void registry_set_overloaded(struct broker *br, struct worker *w, bool on);
+/* Rewrites w's shm slot (after any change of a published field). */
+void registry_publish(struct broker *br, struct worker *w);
+/* Re-persists w (model/runtime learnt). */
+void registry_persist(struct broker *br, struct worker *w);
+struct model_entry *registry_model(struct broker *br, const char *name);
+/* Frees every worker and model (shutdown); shm slots are left as they are. */
+void registry_free_all(struct broker *br);
+/* smg_worker_pool_size gauges. */
+void registry_update_pool_metrics(struct broker *br);
+const char *registry_type_name(int type);
+const char *registry_mode_name(int mode);
+const char *registry_status_name(enum shm_worker_status st);
+/* Serialises the persisted form of w (malloc'ed JSON text). */
+char *registry_record_json(const struct worker *w);
+
+/* ---------------------------------------------------------- avail.c */
+
+/*
+ * policies.md §1.2. avail_pool fills out[] with the workers of the pool
+ * (type, mode, model or model-less, registration order), before the
+ * availability filter; avail_filter keeps the available ones in place and
+ * returns how many remain. *overloaded_all is set when the pool is
+ * non-empty and every member is overload-vetoed.
+ */
+unsigned avail_pool(struct broker *br, const char *model, int type, int mode,
+    struct worker **out);
+unsigned avail_filter(struct broker *br, struct worker **c, unsigned n,
+    bool *overloaded_all);
+bool avail_worker(struct broker *br, struct worker *w);
+
+/* ---------------------------------------------------------- policy.c */
+
+struct policy_ops {
+	const char *po_name;
+	bool po_needs_text;
+	const char *po_branch_metric;	/* NULL: none */
+	void *(*po_new)(bool builtin_defaults);
+	void (*po_free)(void *state);
+	/* Index into c[0..n-1], or -1 for none. n >= 1. */
+	int (*po_select)(struct policy *p, struct worker *const *c, unsigned n,
+	    const Smg__RouteRequest *req);
+	void (*po_on_add)(struct policy *p, struct worker *w);
+	void (*po_on_remove)(struct policy *p, struct worker *w);
+	void (*po_on_report)(struct policy *p, struct worker *w);
+};
+
+struct policy {
+	const struct policy_ops *pl_ops;
+	void *pl_state;
+	bool pl_builtin;	/* built-in defaults, not CLI flags */
+	bool pl_warned;		/* one-shot warnings (passthrough) */
+};
+
+extern const struct policy_ops policy_random_ops;
+extern const struct policy_ops policy_round_robin_ops;
+extern const struct policy_ops policy_passthrough_ops;
+
+/*
+ * Canonical policy name for a user-given one (case-insensitive, aliases of
+ * policies.md §13), or NULL when unknown.
+ */
+const char *policy_canonical(const char *name);
+/* Whether this broker implements the policy. */
+bool policy_implemented(const char *canonical);
+/* NULL when unknown or not implemented (logged). */
+struct policy *policy_new(const char *name, bool builtin_defaults);
+void policy_free(struct policy *p);
+const char *policy_name(const struct policy *p);
+int policy_select(struct policy *p, struct worker *const *c, unsigned n,
+    const Smg__RouteRequest *req);
+/*
+ * The model's instance under §13 (first worker's `policy` label decides);
+ * leg policies for PD legs.
+ */
+struct policy *policy_for(struct broker *br, struct model_entry *me, int leg);
+void policy_decide_model(struct broker *br, struct model_entry *me,
+    const struct worker *first);
+/* Hooks fanned out to every live instance. */
+void policy_notify_add(struct broker *br, struct worker *w);
+void policy_notify_remove(struct broker *br, struct worker *w);
+void policy_notify_report(struct broker *br, struct worker *w);
+/* Uniform in [0, n), n >= 1 (xoshiro256**, seeded from getrandom). */
+uint32_t policy_rand_below(uint32_t n);
+
+/* ---------------------------------------------------------- policy_round_robin.c */
+
+/* Rotation count of the set c[0..n-1] in a round_robin state (tests). */
+uint64_t policy_round_robin_counter(void *state, struct worker *const *c,
+    unsigned n);
+
+/* ---------------------------------------------------------- store.c */
+
+/*
+ * LMDB in the state dir: database `workers` (url -> record JSON) and `meta`
+ * (schema). Puts and deletes are queued in memory and written by
+ * store_flush in one write transaction; the broker calls it from an
+ * ev_prepare watcher, so a change reaches disk within one loop turn and
+ * no transaction ever runs on the decision path.
+ */
+struct store *store_open(const char *dir);
+/* Flushes what is queued, then closes; store_close(NULL) is a no-op. */
+void store_close(struct store *st);
+/* Queue; the last queued operation per key wins. */
+void store_put(struct store *st, const char *key, const char *value);
+void store_del(struct store *st, const char *key);
+bool store_pending(const struct store *st);
+/* Writes the queue in one transaction; 0, or -1 (kept for retry). */
+int store_flush(struct store *st);
+/* Calls cb for each stored worker record, in key order. */
+typedef void (*store_each_cb)(void *arg, const char *key, const char *value);
+int store_each(struct store *st, store_each_cb cb, void *arg);
+/* Write transactions committed so far (tests). */
+uint64_t store_txn_count(const struct store *st);
+
+/* ---------------------------------------------------------- route.c */
+
+/*
+ * Serves one RouteBatch: applies its outcomes to the breakers, then makes
+ * every decision. out->decisions is malloc'ed with its Decision structs;
+ * free with route_batch_free. Returns 0, or -1 on allocation failure.
+ */
+int route_batch(struct broker *br, const Smg__RouteBatch *rb,
+    Smg__DecisionBatch *out);
+void route_batch_free(Smg__DecisionBatch *out);
+/*
+ * One decision into d (strings point into broker state or msg, a buffer
+ * of msglen bytes for the error message).
+ */
+void route_one(struct broker *br, const Smg__RouteRequest *req,
+    Smg__Decision *d, char *msg, size_t msglen);
+void route_outcome(struct broker *br, const Smg__Outcome *o);
+
+/* ---------------------------------------------------------- admin.c */
+
+/*
+ * The worker API of gateway.md §3.3. Fills reply with the HTTP status,
+ * the JSON body (malloc'ed, free with admin_reply_free) and Location.
+ */
+void admin_handle(struct broker *br, const Smg__AdminRequest *req,
+    Smg__AdminReply *reply);
+void admin_reply_free(Smg__AdminReply *reply);
+/* WorkerInfo of §3.3 (owned by the caller). */
+cJSON *admin_worker_info(struct broker *br, struct worker *w);
+/*
+ * Parses a WorkerSpec JSON text into ws (pointers into *root, which the
+ * caller frees with cJSON_Delete). Returns 0, or -1 with err and code set.
+ */
+int admin_parse_spec(const char *json, cJSON **root, struct worker_spec *ws,
+    char *url_buf, size_t url_len, const char **err, const char **code);
+
+/* ---------------------------------------------------------- reports.c */
+
+/* Applies one message of the poller (logged and dropped when stale). */
+void reports_handle(struct broker *br, const Smg__PollerMsg *m);
+/* Re-evaluates the overload flag of w from its latest report. */
+void reports_eval_overload(struct broker *br, struct worker *w);
+
+/* ---------------------------------------------------------- server.c */
+
+struct broker {
+	struct ev_loop *br_loop;
+	const struct broker_settings *br_set;
+	struct breaker_conf br_cbconf;
+	struct shm *br_shm;
+	int br_row;
+	struct store *br_store;
+	struct ipc_server *br_rep;
+	struct ipc_server *br_pull;
+	/* registry */
+	struct worker *br_slots[SHM_MAX_WORKERS];
+	struct worker **br_order;	/* registration order */
+	unsigned br_nworkers;
+	uint32_t br_next_order;
+	struct model_entry **br_models;
+	unsigned br_nmodels;
+	struct shm_worker *br_adopt;	/* startup snapshot, NULL after */
+	bool *br_adopted;
+	int *br_pool_series;		/* smg_worker_pool_size series set */
+	unsigned br_npool_series;
+	unsigned br_cpool_series;
+	/* policies */
+	struct policy *br_default;
+	struct policy *br_legs[4];	/* by Smg__Leg; [0] unused */
+	/* scratch for decisions (no allocation per decision) */
+	struct worker *br_cands[SHM_MAX_WORKERS];
+	/* metrics */
+	int br_m_shed_selection;
+	int br_m_health_ok[BROKER_NTYPES];
+	int br_m_health_fail[BROKER_NTYPES];
+	/* watchers */
+	ev_timer br_tick;
+	ev_prepare br_prepare;
+	ev_signal br_sigterm;
+	ev_signal br_sigint;
+	uint64_t br_decisions;
+	bool br_debug;
+};
+
+/*
+ * Builds the broker on loop: opens the shm segment and the store,
+ * registers the startup and stored workers, builds the policies. With
+ * `serve`, also listens on the two ipc sockets and starts the tick, the
+ * store flush watcher and the signal watchers. NULL (logged) on failure.
+ */
+struct broker *server_new(struct ev_loop *loop,
+    const struct broker_settings *bs, bool serve);
+/* Flushes the store and frees everything; server_free(NULL) no-op. */
+void server_free(struct broker *br);
+/*
+ * One frontend message in, one packed BrokerReply out (malloc'ed): Pong,
+ * DecisionBatch, AdminReply, or ErrorReply for anything malformed.
+ */
+uint8_t *server_frontend(struct broker *br, const uint8_t *msg, size_t len,
+    size_t *reply_len);
+void server_poller(struct broker *br, const uint8_t *msg, size_t len);
+/* Metric helpers that skip series the table had no room for. */
+int server_series(struct broker *br, int kind, const char *family,
+    const char *labels_fmt, ...) __attribute__((format(printf, 4, 5)));
+void server_metric_add(struct broker *br, int series, int64_t delta);
+void server_metric_set(struct broker *br, int series, int64_t value);
+/* Copies s into a Prometheus label value (escaping \ " and newline). */
+void server_label_escape(char *out, size_t len, const char *s);
+
+#endif /* BROKER_BROKER_H */

@@ -1,0 +1,1072 @@
+/*
+ * broker_test.c: the broker's state in one process, driven through the
+ * same entry points the sockets use (server_frontend, server_poller):
+ * candidate filter, route errors, admin JSON, poller reports, breaker
+ * outcomes, the LMDB store and a restart that keeps the workers.
+ */
+#define _XOPEN_SOURCE 700
+#include <ftw.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "shared/ipc.h"
+#include "shared/log.h"
+#include "shared/metrics.h"
+#include "shared/shm.h"
+
+#include "broker/broker.h"
+
+struct fx {
+	char dir[64];
+	char run[128];
+	char state[128];
+	struct broker_settings bs;
+	struct broker_startup_worker sw[4];
+	struct ev_loop *loop;
+	struct broker *br;
+};
+
+struct dec {
+	int ok;
+	unsigned slot;
+	uint32_t gen;
+	char url[SHM_URL_MAX];
+	char model[SHM_MODEL_MAX];
+	char policy[32];
+	unsigned http_status;
+	char code[64];
+	char msg[256];
+	int terminal;
+	unsigned retry_after;
+};
+
+static int rm_cb(const char *path, const struct stat *sb, int flag,
+    struct FTW *ftw);
+
+static int
+rm_cb(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+	(void)sb;
+	(void)flag;
+	(void)ftw;
+	return remove(path);
+}
+
+static int
+fx_setup(void **state)
+{
+	struct fx *f = calloc(1, sizeof(*f));
+
+	snprintf(f->dir, sizeof(f->dir), "/tmp/smg-broker-test.XXXXXX");
+	if (mkdtemp(f->dir) == NULL)
+		return -1;
+	snprintf(f->run, sizeof(f->run), "%s/run", f->dir);
+	snprintf(f->state, sizeof(f->state), "%s/state", f->dir);
+	f->bs.bs_state_dir = f->state;
+	f->bs.bs_run_dir = f->run;
+	f->bs.bs_policy = "round_robin";
+	f->bs.bs_cb_failure_threshold = 2;
+	f->bs.bs_cb_success_threshold = 1;
+	f->bs.bs_cb_timeout_secs = 60;
+	f->bs.bs_health_failure_threshold = 2;
+	f->bs.bs_health_success_threshold = 2;
+	f->bs.bs_disable_health_check = true;
+	f->bs.bs_drain_settle_secs = 0;
+	f->bs.bs_load_monitor_interval = 7;
+	f->sw[0] = (struct broker_startup_worker){ "http://a:1/", 0, -1 };
+	f->sw[1] = (struct broker_startup_worker){ "http://b:2", 0, -1 };
+	f->sw[2] = (struct broker_startup_worker){ "http://c:3", 0, -1 };
+	f->bs.bs_workers = f->sw;
+	f->bs.bs_nworkers = 3;
+	f->loop = ev_default_loop(0);
+	*state = f;
+	return 0;
+}
+
+static int
+fx_teardown(void **state)
+{
+	struct fx *f = *state;
+
+	server_free(f->br);
+	shm_unlink_segment(f->run);
+	nftw(f->dir, rm_cb, 8, FTW_DEPTH | FTW_PHYS);
+	free(f);
+	return 0;
+}
+
+static struct broker *
+fx_start(struct fx *f)
+{
+	f->br = server_new(f->loop, &f->bs, false);
+	assert_non_null(f->br);
+	return f->br;
+}
+
+static Smg__BrokerReply *
+fx_send(struct fx *f, Smg__FrontendMsg *m)
+{
+	Smg__BrokerReply *r;
+	uint8_t *buf, *out;
+	size_t len, olen;
+	const char *why;
+
+	m->version = IPC_VERSION;
+	buf = ipc_pack_frontend(m, &len);
+	out = server_frontend(f->br, buf, len, &olen);
+	assert_non_null(out);
+	r = ipc_decode_broker(out, olen, &why);
+	assert_non_null(r);
+	free(buf);
+	free(out);
+	return r;
+}
+
+static void
+fx_route_ex(struct fx *f, const char *model, int leg, const uint32_t *excl,
+    size_t nexcl, struct dec *d)
+{
+	Smg__FrontendMsg m = SMG__FRONTEND_MSG__INIT;
+	Smg__RouteBatch rb = SMG__ROUTE_BATCH__INIT;
+	Smg__RouteRequest rq = SMG__ROUTE_REQUEST__INIT, *rqs[1] = { &rq };
+	Smg__BrokerReply *r;
+	Smg__Decision *x;
+
+	rq.id = 42;
+	rq.model = (char *)model;
+	rq.leg = (Smg__Leg)leg;
+	rq.exclude_slots = (uint32_t *)excl;
+	rq.n_exclude_slots = nexcl;
+	rb.requests = rqs;
+	rb.n_requests = 1;
+	m.body_case = SMG__FRONTEND_MSG__BODY_ROUTE_BATCH;
+	m.route_batch = &rb;
+	r = fx_send(f, &m);
+	assert_int_equal(r->body_case, SMG__BROKER_REPLY__BODY_DECISION_BATCH);
+	assert_int_equal(r->decision_batch->n_decisions, 1);
+	x = r->decision_batch->decisions[0];
+	memset(d, 0, sizeof(*d));
+	assert_int_equal(x->id, 42);
+	d->ok = x->status == SMG__DECISION_STATUS__DECISION_OK;
+	d->slot = x->worker_slot;
+	d->gen = x->worker_generation;
+	snprintf(d->url, sizeof(d->url), "%s", x->worker_url);
+	snprintf(d->model, sizeof(d->model), "%s", x->model);
+	snprintf(d->policy, sizeof(d->policy), "%s", x->policy);
+	d->http_status = x->http_status;
+	snprintf(d->code, sizeof(d->code), "%s", x->error_code);
+	snprintf(d->msg, sizeof(d->msg), "%s", x->error_message);
+	d->terminal = x->terminal;
+	d->retry_after = x->retry_after_secs;
+	smg__broker_reply__free_unpacked(r, NULL);
+}
+
+static void
+fx_route(struct fx *f, const char *model, struct dec *d)
+{
+	fx_route_ex(f, model, SMG__LEG__LEG_SINGLE, NULL, 0, d);
+}
+
+static void
+fx_outcome(struct fx *f, struct worker *w, unsigned status)
+{
+	Smg__FrontendMsg m = SMG__FRONTEND_MSG__INIT;
+	Smg__RouteBatch rb = SMG__ROUTE_BATCH__INIT;
+	Smg__Outcome o = SMG__OUTCOME__INIT, *os[1] = { &o };
+	Smg__BrokerReply *r;
+
+	o.worker_slot = w->wk_slot;
+	o.worker_generation = w->wk_generation;
+	o.http_status = status;
+	rb.outcomes = os;
+	rb.n_outcomes = 1;
+	m.body_case = SMG__FRONTEND_MSG__BODY_ROUTE_BATCH;
+	m.route_batch = &rb;
+	r = fx_send(f, &m);
+	assert_int_equal(r->decision_batch->n_decisions, 0);
+	smg__broker_reply__free_unpacked(r, NULL);
+}
+
+/* Admin op; returns the status, *body parsed (caller frees). */
+static unsigned
+fx_admin(struct fx *f, Smg__AdminRequest *a, cJSON **body, char *loc,
+    size_t loclen)
+{
+	Smg__FrontendMsg m = SMG__FRONTEND_MSG__INIT;
+	Smg__BrokerReply *r;
+	unsigned st;
+
+	m.body_case = SMG__FRONTEND_MSG__BODY_ADMIN;
+	m.admin = a;
+	r = fx_send(f, &m);
+	assert_int_equal(r->body_case, SMG__BROKER_REPLY__BODY_ADMIN);
+	st = r->admin->http_status;
+	*body = cJSON_Parse(r->admin->body_json);
+	assert_non_null(*body);
+	if (loc != NULL)
+		snprintf(loc, loclen, "%s", r->admin->location);
+	smg__broker_reply__free_unpacked(r, NULL);
+	return st;
+}
+
+static unsigned
+fx_add(struct fx *f, const char *json, cJSON **body, char *loc, size_t n)
+{
+	Smg__AdminRequest a = SMG__ADMIN_REQUEST__INIT;
+	Smg__WorkerSpec s = SMG__WORKER_SPEC__INIT;
+
+	s.spec_json = (char *)json;
+	a.op_case = SMG__ADMIN_REQUEST__OP_ADD_WORKER;
+	a.add_worker = &s;
+	return fx_admin(f, &a, body, loc, n);
+}
+
+static unsigned
+fx_simple(struct fx *f, int op, const char *arg, cJSON **body)
+{
+	Smg__AdminRequest a = SMG__ADMIN_REQUEST__INIT;
+
+	a.op_case = (Smg__AdminRequest__OpCase)op;
+	if (op == SMG__ADMIN_REQUEST__OP_LIST_WORKERS)
+		a.list_workers = (char *)arg;
+	else if (op == SMG__ADMIN_REQUEST__OP_GET_WORKER)
+		a.get_worker = (char *)arg;
+	else
+		a.remove_worker = (char *)arg;
+	return fx_admin(f, &a, body, NULL, 0);
+}
+
+static void
+fx_poll(struct fx *f, Smg__PollerMsg *m)
+{
+	uint8_t *buf;
+	size_t len;
+
+	m->version = IPC_VERSION;
+	buf = ipc_pack_poller(m, &len);
+	server_poller(f->br, buf, len);
+	free(buf);
+}
+
+static void
+fx_discovery(struct fx *f, struct worker *w, bool ok, const char *model)
+{
+	Smg__PollerMsg m = SMG__POLLER_MSG__INIT;
+	Smg__WorkerDiscovery d = SMG__WORKER_DISCOVERY__INIT;
+
+	d.worker_slot = w->wk_slot;
+	d.worker_generation = w->wk_generation;
+	d.worker_url = w->wk_url;
+	d.ok = ok;
+	d.model_id = (char *)model;
+	d.runtime = "sglang";
+	d.error = ok ? "" : "unreachable";
+	m.body_case = SMG__POLLER_MSG__BODY_DISCOVERY;
+	m.discovery = &d;
+	fx_poll(f, &m);
+}
+
+static void
+fx_health(struct fx *f, struct worker *w, bool passed)
+{
+	Smg__PollerMsg m = SMG__POLLER_MSG__INIT;
+	Smg__HealthReport h = SMG__HEALTH_REPORT__INIT;
+
+	h.worker_slot = w->wk_slot;
+	h.worker_generation = w->wk_generation;
+	h.worker_url = w->wk_url;
+	h.passed = passed;
+	m.body_case = SMG__POLLER_MSG__BODY_HEALTH;
+	m.health = &h;
+	fx_poll(f, &m);
+}
+
+static void
+fx_load(struct fx *f, struct worker *w, bool ok, int64_t waiting,
+    double usage)
+{
+	Smg__PollerMsg m = SMG__POLLER_MSG__INIT;
+	Smg__LoadReport l = SMG__LOAD_REPORT__INIT;
+	Smg__RankLoad r0 = SMG__RANK_LOAD__INIT, r1 = SMG__RANK_LOAD__INIT;
+	Smg__RankLoad *rs[2] = { &r0, &r1 };
+
+	r0.num_waiting_reqs = waiting / 2;
+	r1.num_waiting_reqs = waiting - waiting / 2;
+	r0.token_usage = usage;
+	r1.token_usage = usage;
+	l.worker_slot = w->wk_slot;
+	l.worker_generation = w->wk_generation;
+	l.worker_url = w->wk_url;
+	l.ok = ok;
+	l.loads = rs;
+	l.n_loads = ok ? 2 : 0;
+	m.body_case = SMG__POLLER_MSG__BODY_LOAD;
+	m.load = &l;
+	fx_poll(f, &m);
+}
+
+static struct worker *
+fx_worker(struct fx *f, const char *url)
+{
+	struct worker *w = registry_find(f->br, url);
+
+	assert_non_null(w);
+	return w;
+}
+
+static int64_t
+metric(struct fx *f, const char *family, const char *labels)
+{
+	int s = metrics_series(f->br->br_shm, METRICS_COUNTER, family, labels);
+	int64_t v = 0;
+	int row;
+
+	assert_true(s >= 0);
+	for (row = 0; row < SHM_ROWS; row++)
+		v += shm_segment(f->br->br_shm)->sh_values[row][s];
+	return v;
+}
+
+static void
+test_route_round_robin(void **state)
+{
+	struct fx *f = *state;
+	struct shm_worker sw;
+	struct dec d;
+	const char *exp[] = { "http://a:1", "http://b:2", "http://c:3",
+		"http://a:1" };
+	int i;
+
+	fx_start(f);
+	for (i = 0; i < 4; i++) {
+		fx_route(f, "", &d);
+		assert_true(d.ok);
+		assert_string_equal(d.url, exp[i]);
+		assert_string_equal(d.policy, "round_robin");
+		assert_int_equal(shm_worker_read(f->br->br_shm, d.slot, &sw),
+		    0);
+		assert_string_equal(sw.sw_url, d.url);
+		assert_int_equal(sw.sw_generation, d.gen);
+		assert_int_equal(sw.sw_status, SHM_WORKER_READY);
+	}
+	assert_int_equal(metric(f, "smg_worker_selection_total",
+			     "worker_type=\"regular\",connection_mode=\"http\","
+			     "model=\"unknown\",policy=\"round_robin\""),
+	    4);
+}
+
+static void
+test_route_errors(void **state)
+{
+	struct fx *f = *state;
+	struct dec d;
+
+	f->bs.bs_nworkers = 0;
+	fx_start(f);
+	/* No worker at all serves the model. */
+	fx_route(f, "llama", &d);
+	assert_false(d.ok);
+	assert_int_equal(d.http_status, 404);
+	assert_string_equal(d.code, "model_not_found");
+	assert_string_equal(d.msg, "No worker available for model 'llama'");
+	server_free(f->br);
+	/* Workers exist but none is available (Pending). */
+	f->bs.bs_nworkers = 2;
+	f->bs.bs_disable_health_check = false;
+	fx_start(f);
+	fx_route(f, "llama", &d);
+	assert_false(d.ok);
+	assert_int_equal(d.http_status, 503);
+	assert_string_equal(d.code, "no_available_workers");
+	assert_false(d.terminal);
+	/* A PD leg without workers of its type. */
+	fx_route_ex(f, "", SMG__LEG__LEG_PREFILL, NULL, 0, &d);
+	assert_int_equal(d.http_status, 503);
+	assert_string_equal(d.code, "server_selection_failed");
+}
+
+static void
+test_candidate_filter(void **state)
+{
+	struct fx *f = *state;
+	struct worker *pool[SHM_MAX_WORKERS];
+	struct worker *a, *b, *c;
+	cJSON *body;
+	bool over;
+	unsigned n;
+
+	f->bs.bs_overload_waiting = 4;
+	fx_start(f);
+	a = fx_worker(f, "http://a:1");
+	b = fx_worker(f, "http://b:2");
+	c = fx_worker(f, "http://c:3");
+	/* Type and mode narrow the pool. */
+	assert_int_equal(fx_add(f,
+			     "{\"url\":\"http://p:9\",\"worker_type\":"
+			     "\"prefill\",\"health\":{\"disable_health_check\":"
+			     "true}}",
+			     &body, NULL, 0),
+	    202);
+	cJSON_Delete(body);
+	assert_int_equal(fx_add(f,
+			     "{\"url\":\"grpc://g:9\",\"health\":"
+			     "{\"disable_health_check\":true}}",
+			     &body, NULL, 0),
+	    202);
+	cJSON_Delete(body);
+	n = avail_pool(f->br, "", SMG__WORKER_TYPE__WORKER_TYPE_REGULAR,
+	    SMG__CONNECTION_MODE__CONNECTION_MODE_HTTP, pool);
+	assert_int_equal(n, 3);
+	assert_ptr_equal(pool[0], a);
+	assert_ptr_equal(pool[2], c);
+	n = avail_pool(f->br, "", SMG__WORKER_TYPE__WORKER_TYPE_PREFILL,
+	    SMG__CONNECTION_MODE__CONNECTION_MODE_HTTP, pool);
+	assert_int_equal(n, 1);
+	n = avail_pool(f->br, "", SMG__WORKER_TYPE__WORKER_TYPE_REGULAR,
+	    SMG__CONNECTION_MODE__CONNECTION_MODE_GRPC, pool);
+	assert_int_equal(n, 1);
+	/* Status: NotReady is out. */
+	registry_set_status(f->br, a, SHM_WORKER_NOT_READY);
+	n = avail_pool(f->br, "", 0, 0, pool);
+	n = avail_filter(f->br, pool, n, &over);
+	assert_int_equal(n, 2);
+	assert_ptr_equal(pool[0], b);
+	assert_false(over);
+	registry_set_status(f->br, a, SHM_WORKER_READY);
+	/* Breaker open is out; half-open (after the timeout) is back. */
+	fx_outcome(f, b, 503);
+	fx_outcome(f, b, 200);
+	assert_int_equal(b->wk_cb.cb_state, SHM_BREAKER_CLOSED);
+	fx_outcome(f, b, 502);
+	fx_outcome(f, b, 500);
+	assert_int_equal(b->wk_cb.cb_state, SHM_BREAKER_OPEN);
+	n = avail_filter(f->br, pool, avail_pool(f->br, "", 0, 0, pool), &over);
+	assert_int_equal(n, 2);
+	assert_ptr_equal(pool[1], c);
+	f->br->br_cbconf.bc_timeout_ms = 0;
+	n = avail_filter(f->br, pool, avail_pool(f->br, "", 0, 0, pool), &over);
+	assert_int_equal(n, 3);
+	assert_int_equal(b->wk_cb.cb_state, SHM_BREAKER_HALF_OPEN);
+	/* Overload flag is out. */
+	fx_load(f, c, true, 4, 0.1);
+	assert_true(c->wk_overloaded);
+	n = avail_filter(f->br, pool, avail_pool(f->br, "", 0, 0, pool), &over);
+	assert_int_equal(n, 2);
+	assert_false(over);
+	/* Model: a model's workers plus model-less ones, in order. */
+	fx_discovery(f, a, true, "m1");
+	fx_discovery(f, b, true, "m2");
+	n = avail_pool(f->br, "m1", 0, 0, pool);
+	assert_int_equal(n, 2);
+	assert_ptr_equal(pool[0], a);
+	assert_ptr_equal(pool[1], c);
+	n = avail_pool(f->br, "m2", 0, 0, pool);
+	assert_int_equal(n, 2);
+	assert_ptr_equal(pool[0], b);
+	n = avail_pool(f->br, "", 0, 0, pool);
+	assert_int_equal(n, 3);
+}
+
+static void
+test_exclude_and_overload_shed(void **state)
+{
+	struct fx *f = *state;
+	struct dec d;
+	uint32_t ex[2];
+	int i;
+
+	f->bs.bs_overload_waiting = 10;
+	fx_start(f);
+	ex[0] = fx_worker(f, "http://a:1")->wk_slot;
+	for (i = 0; i < 6; i++) {
+		fx_route_ex(f, "", 0, ex, 1, &d);
+		assert_true(d.ok);
+		assert_string_not_equal(d.url, "http://a:1");
+	}
+	/* Excluding everything would leave nothing: ignored. */
+	ex[0] = fx_worker(f, "http://a:1")->wk_slot;
+	ex[1] = fx_worker(f, "http://b:2")->wk_slot;
+	fx_route_ex(f, "", 0, ex, 2, &d);
+	assert_string_equal(d.url, "http://c:3");
+	/* Every worker of the pool overloaded: terminal 503. */
+	fx_load(f, fx_worker(f, "http://a:1"), true, 10, 0.1);
+	fx_load(f, fx_worker(f, "http://b:2"), true, 11, 0.1);
+	fx_load(f, fx_worker(f, "http://c:3"), true, 20, 0.1);
+	fx_route(f, "", &d);
+	assert_false(d.ok);
+	assert_int_equal(d.http_status, 503);
+	assert_string_equal(d.code, "no_available_workers");
+	assert_true(d.terminal);
+	assert_int_equal(d.retry_after, 7);
+	assert_int_equal(metric(f, "smg_worker_overload_shed_total",
+			     "stage=\"selection\""),
+	    1);
+	/* A failed fetch clears the flag; a lower report too. */
+	fx_load(f, fx_worker(f, "http://b:2"), false, 0, 0);
+	fx_route(f, "", &d);
+	assert_true(d.ok);
+	assert_string_equal(d.url, "http://b:2");
+	fx_load(f, fx_worker(f, "http://a:1"), true, 9, 0.1);
+	assert_false(fx_worker(f, "http://a:1")->wk_overloaded);
+}
+
+static void
+test_policy_label(void **state)
+{
+	struct fx *f = *state;
+	struct dec d;
+	cJSON *body;
+
+	f->bs.bs_nworkers = 0;
+	fx_start(f);
+	assert_int_equal(fx_add(f,
+			     "{\"url\":\"http://x1:1\",\"models\":[{\"id\":"
+			     "\"mx\"}],\"labels\":{\"policy\":\"Random\"},"
+			     "\"health\":{\"disable_health_check\":true}}",
+			     &body, NULL, 0),
+	    202);
+	cJSON_Delete(body);
+	/* A later label for the same model is ignored. */
+	assert_int_equal(fx_add(f,
+			     "{\"url\":\"http://x2:1\",\"models\":[{\"id\":"
+			     "\"mx\"}],\"labels\":{\"policy\":\"passthrough\"},"
+			     "\"health\":{\"disable_health_check\":true}}",
+			     &body, NULL, 0),
+	    202);
+	cJSON_Delete(body);
+	assert_int_equal(fx_add(f,
+			     "{\"url\":\"http://y1:1\",\"models\":[{\"id\":"
+			     "\"my\"}],\"labels\":{\"policy\":\"bogus\"},"
+			     "\"health\":{\"disable_health_check\":true}}",
+			     &body, NULL, 0),
+	    202);
+	cJSON_Delete(body);
+	fx_route(f, "mx", &d);
+	assert_true(d.ok);
+	assert_string_equal(d.policy, "random");
+	assert_string_equal(d.model, "mx");
+	fx_route(f, "my", &d);
+	assert_string_equal(d.policy, "round_robin");
+	/* The mapping goes with the model's last worker. */
+	registry_remove(f->br, fx_worker(f, "http://x1:1"));
+	registry_remove(f->br, fx_worker(f, "http://x2:1"));
+	fx_route(f, "mx", &d);
+	assert_int_equal(d.http_status, 404);
+	assert_int_equal(fx_add(f,
+			     "{\"url\":\"http://x3:1\",\"models\":[{\"id\":"
+			     "\"mx\"}],\"labels\":{\"policy\":\"pass_through\"},"
+			     "\"health\":{\"disable_health_check\":true}}",
+			     &body, NULL, 0),
+	    202);
+	cJSON_Delete(body);
+	fx_route(f, "mx", &d);
+	assert_string_equal(d.policy, "passthrough");
+}
+
+static void
+test_admin_shapes(void **state)
+{
+	struct fx *f = *state;
+	cJSON *body, *it, *w;
+	char loc[128], id[64], path[96];
+	int i;
+
+	f->bs.bs_disable_health_check = false;
+	fx_start(f);
+	fx_discovery(f, fx_worker(f, "http://a:1"), true, "");
+	assert_int_equal(fx_add(f,
+			     "{\"url\":\"http://new:8000/\",\"worker_type\":"
+			     "\"decode\",\"api_key\":\"sekret\",\"labels\":"
+			     "{\"zone\":\"z1\"},\"priority\":7,\"cost\":2.5,"
+			     "\"dp_size\":2}",
+			     &body, loc, sizeof(loc)),
+	    202);
+	assert_string_equal(cJSON_GetObjectItem(body, "status")->valuestring,
+	    "accepted");
+	snprintf(id, sizeof(id), "%s",
+	    cJSON_GetObjectItem(body, "worker_id")->valuestring);
+	assert_int_equal(strlen(id), 16);
+	assert_string_equal(cJSON_GetObjectItem(body, "url")->valuestring,
+	    "http://new:8000");
+	snprintf(path, sizeof(path), "/workers/%s", id);
+	assert_string_equal(loc, path);
+	assert_string_equal(cJSON_GetObjectItem(body, "location")->valuestring,
+	    path);
+	assert_string_equal(cJSON_GetObjectItem(body, "message")->valuestring,
+	    "Worker addition queued for background processing");
+	cJSON_Delete(body);
+	/* The same URL again. */
+	assert_int_equal(fx_add(f, "{\"url\":\"http://new:8000\"}", &body, NULL,
+			     0),
+	    409);
+	assert_string_equal(cJSON_GetObjectItem(body, "code")->valuestring,
+	    "worker_already_exists");
+	cJSON_Delete(body);
+	/* GET by id and by url. */
+	for (i = 0; i < 2; i++) {
+		assert_int_equal(fx_simple(f, SMG__ADMIN_REQUEST__OP_GET_WORKER,
+				     i == 0 ? id : "http://new:8000", &body),
+		    200);
+		assert_string_equal(cJSON_GetObjectItem(body, "id")->valuestring,
+		    id);
+		assert_string_equal(
+		    cJSON_GetObjectItem(body, "model_id")->valuestring,
+		    "unknown");
+		assert_string_equal(
+		    cJSON_GetObjectItem(body, "worker_type")->valuestring,
+		    "decode");
+		assert_string_equal(
+		    cJSON_GetObjectItem(body, "connection_mode")->valuestring,
+		    "http");
+		assert_string_equal(
+		    cJSON_GetObjectItem(body, "status")->valuestring,
+		    "Pending");
+		assert_true(cJSON_IsFalse(cJSON_GetObjectItem(body,
+		    "is_healthy")));
+		assert_int_equal(cJSON_GetObjectItem(body, "load")->valueint, 0);
+		assert_int_equal(cJSON_GetObjectItem(body, "priority")->valueint,
+		    7);
+		assert_int_equal(cJSON_GetObjectItem(body, "dp_size")->valueint,
+		    2);
+		assert_string_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(
+						 body, "labels"),
+					"zone")
+					->valuestring,
+		    "z1");
+		it = cJSON_GetObjectItem(body, "job_status");
+		assert_string_equal(cJSON_GetObjectItem(it, "status")->valuestring,
+		    "pending");
+		assert_null(cJSON_GetObjectItem(body, "api_key"));
+		cJSON_Delete(body);
+	}
+	/* List with stats, and with a model filter. */
+	assert_int_equal(fx_simple(f, SMG__ADMIN_REQUEST__OP_LIST_WORKERS, "",
+			     &body),
+	    200);
+	assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(body,
+			     "workers")),
+	    4);
+	assert_int_equal(cJSON_GetObjectItem(body, "total")->valueint, 4);
+	it = cJSON_GetObjectItem(body, "stats");
+	assert_int_equal(cJSON_GetObjectItem(it, "regular_count")->valueint, 3);
+	assert_int_equal(cJSON_GetObjectItem(it, "decode_count")->valueint, 1);
+	assert_int_equal(cJSON_GetObjectItem(it, "prefill_count")->valueint, 0);
+	w = cJSON_GetArrayItem(cJSON_GetObjectItem(body, "workers"), 0);
+	assert_string_equal(cJSON_GetObjectItem(w, "url")->valuestring,
+	    "http://a:1");
+	assert_true(cJSON_IsTrue(cJSON_GetObjectItem(w, "is_healthy")));
+	assert_true(cJSON_IsNull(cJSON_GetObjectItem(w, "job_status")));
+	cJSON_Delete(body);
+	fx_discovery(f, fx_worker(f, "http://b:2"), true, "m9");
+	assert_int_equal(fx_simple(f, SMG__ADMIN_REQUEST__OP_LIST_WORKERS,
+			     "m9", &body),
+	    200);
+	assert_int_equal(cJSON_GetObjectItem(body, "total")->valueint, 1);
+	cJSON_Delete(body);
+	/* Unknown id. */
+	assert_int_equal(fx_simple(f, SMG__ADMIN_REQUEST__OP_GET_WORKER, "nope",
+			     &body),
+	    404);
+	assert_string_equal(cJSON_GetObjectItem(body, "code")->valuestring,
+	    "worker_not_found");
+	assert_non_null(cJSON_GetObjectItem(body, "error"));
+	cJSON_Delete(body);
+	/* DELETE: Draining, then gone after the settle time. */
+	assert_int_equal(fx_simple(f, SMG__ADMIN_REQUEST__OP_REMOVE_WORKER, id,
+			     &body),
+	    202);
+	assert_string_equal(cJSON_GetObjectItem(body, "message")->valuestring,
+	    "Worker removal queued for background processing");
+	assert_string_equal(cJSON_GetObjectItem(body, "worker_id")->valuestring,
+	    id);
+	cJSON_Delete(body);
+	assert_int_equal(fx_worker(f, id)->wk_status, SHM_WORKER_DRAINING);
+	for (i = 0; i < 5 && registry_find(f->br, id) != NULL; i++)
+		ev_run(f->loop, EVRUN_NOWAIT);
+	assert_null(registry_find(f->br, id));
+	assert_int_equal(fx_simple(f, SMG__ADMIN_REQUEST__OP_REMOVE_WORKER, id,
+			     &body),
+	    404);
+	cJSON_Delete(body);
+}
+
+static void
+test_admin_validation(void **state)
+{
+	struct fx *f = *state;
+	static const char *bad[] = {
+		"{not json",
+		"[1,2]",
+		"{}",
+		"{\"url\":42}",
+		"{\"url\":\"ftp://x:1\"}",
+		"{\"url\":\"http://\"}",
+		"{\"url\":\"http://a b:1\"}",
+		"{\"url\":\"http://q:1\",\"worker_type\":\"gpu\"}",
+		"{\"url\":\"http://q:1\",\"connection_mode\":\"tcp\"}",
+		"{\"url\":\"http://q:1\",\"labels\":{\"a\":1}}",
+		"{\"url\":\"http://q:1\",\"labels\":[]}",
+		"{\"url\":\"http://q:1\",\"bootstrap_port\":70000}",
+		"{\"url\":\"http://q:1\",\"priority\":-1}",
+		"{\"url\":\"http://q:1\",\"models\":[{\"id\":\"\"}]}",
+		"{\"url\":\"http://q:1\",\"overload\":{\"token_usage\":2}}",
+		"{\"url\":\"http://q:1\",\"health\":{\"disable_health_check\":"
+		"\"yes\"}}",
+	};
+	cJSON *body;
+	size_t i;
+
+	fx_start(f);
+	for (i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		assert_int_equal(fx_add(f, bad[i], &body, NULL, 0), 400);
+		assert_true(cJSON_IsString(cJSON_GetObjectItem(body, "error")));
+		assert_true(cJSON_IsString(cJSON_GetObjectItem(body, "code")));
+		cJSON_Delete(body);
+	}
+	assert_int_equal(f->br->br_nworkers, 3);
+}
+
+static void
+test_malformed_and_ping(void **state)
+{
+	struct fx *f = *state;
+	Smg__FrontendMsg m = SMG__FRONTEND_MSG__INIT;
+	Smg__Ping ping = SMG__PING__INIT;
+	Smg__BrokerReply *r;
+	static const uint8_t junk[] = { 0xff, 0xff, 0xff, 0xff, 0x0f, 0x01 };
+	uint8_t *buf, *out;
+	size_t len, olen;
+	const char *why;
+
+	fx_start(f);
+	out = server_frontend(f->br, junk, sizeof(junk), &olen);
+	assert_non_null(out);
+	r = ipc_decode_broker(out, olen, &why);
+	assert_non_null(r);
+	assert_int_equal(r->body_case, SMG__BROKER_REPLY__BODY_ERROR);
+	assert_string_equal(r->error->code, "malformed");
+	smg__broker_reply__free_unpacked(r, NULL);
+	free(out);
+	/* Wrong version. */
+	m.body_case = SMG__FRONTEND_MSG__BODY_PING;
+	m.ping = &ping;
+	m.version = IPC_VERSION + 7;
+	buf = ipc_pack_frontend(&m, &len);
+	if (buf != NULL) {
+		/* ipc_pack_frontend may force the version; patch it back. */
+		Smg__FrontendMsg *u = smg__frontend_msg__unpack(NULL, len, buf);
+
+		assert_non_null(u);
+		u->version = IPC_VERSION + 7;
+		free(buf);
+		len = smg__frontend_msg__get_packed_size(u);
+		buf = malloc(len);
+		smg__frontend_msg__pack(u, buf);
+		smg__frontend_msg__free_unpacked(u, NULL);
+	}
+	out = server_frontend(f->br, buf, len, &olen);
+	r = ipc_decode_broker(out, olen, &why);
+	assert_non_null(r);
+	assert_int_equal(r->body_case, SMG__BROKER_REPLY__BODY_ERROR);
+	assert_string_equal(r->error->code, "version");
+	smg__broker_reply__free_unpacked(r, NULL);
+	free(out);
+	free(buf);
+	/* Ping -> Pong. */
+	m.version = IPC_VERSION;
+	r = fx_send(f, &m);
+	assert_int_equal(r->body_case, SMG__BROKER_REPLY__BODY_PONG);
+	assert_int_equal(r->pong->broker_pid, getpid());
+	assert_int_equal(r->pong->registry_generation,
+	    shm_workers_generation(f->br->br_shm));
+	smg__broker_reply__free_unpacked(r, NULL);
+	/* Garbage from the poller is dropped, the broker keeps serving. */
+	server_poller(f->br, junk, sizeof(junk));
+	assert_int_equal(f->br->br_nworkers, 3);
+}
+
+static void
+test_reports_lifecycle(void **state)
+{
+	struct fx *f = *state;
+	struct worker *a, *b, *c, stale;
+	struct shm_worker sw;
+	struct dec d;
+	int i;
+
+	f->bs.bs_disable_health_check = false;
+	fx_start(f);
+	a = fx_worker(f, "http://a:1");
+	b = fx_worker(f, "http://b:2");
+	c = fx_worker(f, "http://c:3");
+	assert_int_equal(a->wk_status, SHM_WORKER_PENDING);
+	/* A stale generation is ignored. */
+	stale = *a;
+	stale.wk_generation++;
+	fx_discovery(f, &stale, true, "m");
+	assert_int_equal(a->wk_status, SHM_WORKER_PENDING);
+	fx_discovery(f, a, true, "m");
+	assert_int_equal(a->wk_status, SHM_WORKER_READY);
+	assert_string_equal(a->wk_model, "m");
+	assert_string_equal(a->wk_runtime, "sglang");
+	assert_int_equal(shm_worker_read(f->br->br_shm, a->wk_slot, &sw), 0);
+	assert_string_equal(sw.sw_model, "m");
+	assert_int_equal(sw.sw_status, SHM_WORKER_READY);
+	fx_route(f, "m", &d);
+	assert_true(d.ok);
+	assert_string_equal(d.url, "http://a:1");
+	/* Ready -> NotReady after 2 failures, back after 2 passes. */
+	fx_health(f, a, false);
+	assert_int_equal(a->wk_status, SHM_WORKER_READY);
+	fx_health(f, a, false);
+	assert_int_equal(a->wk_status, SHM_WORKER_NOT_READY);
+	fx_health(f, a, true);
+	assert_int_equal(a->wk_status, SHM_WORKER_NOT_READY);
+	fx_health(f, a, true);
+	assert_int_equal(a->wk_status, SHM_WORKER_READY);
+	/* NotReady -> Failed after 3 x 2 failures. */
+	for (i = 0; i < 5; i++)
+		fx_health(f, a, false);
+	assert_int_equal(a->wk_status, SHM_WORKER_NOT_READY);
+	fx_health(f, a, false);
+	assert_int_equal(a->wk_status, SHM_WORKER_FAILED);
+	fx_health(f, a, true);
+	fx_health(f, a, true);
+	assert_int_equal(a->wk_status, SHM_WORKER_FAILED);
+	/* Discovery failure: Failed. */
+	fx_discovery(f, b, false, "");
+	assert_int_equal(b->wk_status, SHM_WORKER_FAILED);
+	/* Pending -> Failed after 10 x 2 probes without promotion. */
+	for (i = 0; i < 19; i++)
+		fx_health(f, c, true);
+	assert_int_equal(c->wk_status, SHM_WORKER_PENDING);
+	fx_health(f, c, false);
+	assert_int_equal(c->wk_status, SHM_WORKER_FAILED);
+	assert_int_equal(metric(f, "smg_worker_health_checks_total",
+			     "worker_type=\"regular\",result=\"failure\""),
+	    9);
+}
+
+static void
+test_outcomes_breaker(void **state)
+{
+	struct fx *f = *state;
+	struct worker *a, stale;
+	struct shm_worker sw;
+	struct dec d;
+	int i;
+
+	fx_start(f);
+	a = fx_worker(f, "http://a:1");
+	for (i = 0; i < 10; i++)
+		fx_outcome(f, a, 404);
+	fx_outcome(f, a, 429);
+	fx_outcome(f, a, 429);
+	assert_int_equal(a->wk_cb.cb_state, SHM_BREAKER_CLOSED);
+	fx_outcome(f, a, 504);
+	fx_outcome(f, a, 408);
+	assert_int_equal(a->wk_cb.cb_state, SHM_BREAKER_OPEN);
+	assert_int_equal(shm_worker_read(f->br->br_shm, a->wk_slot, &sw), 0);
+	assert_int_equal(sw.sw_breaker, SHM_BREAKER_OPEN);
+	for (i = 0; i < 6; i++) {
+		fx_route(f, "", &d);
+		assert_string_not_equal(d.url, "http://a:1");
+	}
+	assert_int_equal(metric(f, "smg_worker_cb_transitions_total",
+			     "worker=\"http://a:1\",from=\"closed\","
+			     "to=\"open\""),
+	    1);
+	assert_int_equal(metric(f, "smg_worker_cb_outcomes_total",
+			     "worker=\"http://a:1\",outcome=\"success\""),
+	    10);
+	f->br->br_cbconf.bc_timeout_ms = 0;
+	fx_route(f, "", &d);
+	assert_int_equal(a->wk_cb.cb_state, SHM_BREAKER_HALF_OPEN);
+	/* Outcome for a slot generation that is gone: ignored. */
+	stale = *a;
+	stale.wk_generation++;
+	fx_outcome(f, &stale, 503);
+	assert_int_equal(a->wk_cb.cb_state, SHM_BREAKER_HALF_OPEN);
+	fx_outcome(f, a, 200);
+	assert_int_equal(a->wk_cb.cb_state, SHM_BREAKER_CLOSED);
+	assert_int_equal(shm_worker_read(f->br->br_shm, a->wk_slot, &sw), 0);
+	assert_int_equal(sw.sw_breaker, SHM_BREAKER_CLOSED);
+}
+
+struct recs {
+	int n;
+	char keys[8][64];
+};
+
+static void
+collect(void *arg, const char *key, const char *value)
+{
+	struct recs *r = arg;
+
+	assert_non_null(strstr(value, "v"));
+	if (r->n < 8)
+		snprintf(r->keys[r->n], sizeof(r->keys[0]), "%s", key);
+	r->n++;
+}
+
+static void
+test_store_roundtrip(void **state)
+{
+	struct fx *f = *state;
+	struct store *st;
+	struct recs r = { 0 };
+
+	st = store_open(f->state);
+	assert_non_null(st);
+	store_put(st, "http://k1", "v1");
+	store_put(st, "http://k2", "v2");
+	store_put(st, "http://k3", "v3");
+	store_put(st, "http://k2", "v2b");
+	store_del(st, "http://k3");
+	store_del(st, "http://never");
+	assert_true(store_pending(st));
+	assert_int_equal(store_txn_count(st), 0);
+	assert_int_equal(store_each(st, collect, &r), 0);
+	assert_int_equal(r.n, 0);	/* nothing written yet */
+	assert_int_equal(store_flush(st), 0);
+	assert_int_equal(store_txn_count(st), 1);
+	assert_false(store_pending(st));
+	store_put(st, "http://k4", "v4");
+	store_close(st);	/* flushes */
+	st = store_open(f->state);
+	assert_non_null(st);
+	memset(&r, 0, sizeof(r));
+	assert_int_equal(store_each(st, collect, &r), 0);
+	assert_int_equal(r.n, 3);
+	assert_string_equal(r.keys[0], "http://k1");
+	assert_string_equal(r.keys[1], "http://k2");
+	assert_string_equal(r.keys[2], "http://k4");
+	store_close(st);
+}
+
+static void
+test_write_behind(void **state)
+{
+	struct fx *f = *state;
+	cJSON *body;
+	char js[128];
+	uint64_t before;
+	int i;
+	struct dec d;
+
+	fx_start(f);
+	before = store_txn_count(f->br->br_store);
+	for (i = 0; i < 40; i++) {
+		snprintf(js, sizeof(js), "{\"url\":\"http://wb%d:1\"}", i);
+		assert_int_equal(fx_add(f, js, &body, NULL, 0), 202);
+		cJSON_Delete(body);
+		fx_route(f, "", &d);
+	}
+	/* No transaction per request: all of it waits for the flush. */
+	assert_int_equal(store_txn_count(f->br->br_store), before);
+	assert_true(store_pending(f->br->br_store));
+	assert_int_equal(store_flush(f->br->br_store), 0);
+	assert_int_equal(store_txn_count(f->br->br_store), before + 1);
+	for (i = 0; i < 100; i++)
+		fx_route(f, "", &d);
+	assert_false(store_pending(f->br->br_store));
+}
+
+static void
+test_restart_keeps_workers(void **state)
+{
+	struct fx *f = *state;
+	struct worker *a, *n;
+	unsigned slot_a, slot_n;
+	uint32_t gen_a;
+	cJSON *body;
+
+	f->bs.bs_disable_health_check = false;
+	fx_start(f);
+	a = fx_worker(f, "http://a:1");
+	fx_discovery(f, a, true, "ma");
+	slot_a = a->wk_slot;
+	gen_a = a->wk_generation;
+	assert_int_equal(fx_add(f,
+			     "{\"url\":\"http://api:7\",\"models\":[{\"id\":"
+			     "\"mm\"}],\"labels\":{\"k\":\"v\"},\"api_key\":"
+			     "\"key1\",\"bootstrap_port\":8998}",
+			     &body, NULL, 0),
+	    202);
+	cJSON_Delete(body);
+	assert_int_equal(fx_add(f, "{\"url\":\"http://gone:7\"}", &body, NULL,
+			     0),
+	    202);
+	cJSON_Delete(body);
+	slot_n = fx_worker(f, "http://api:7")->wk_slot;
+	assert_int_equal(fx_simple(f, SMG__ADMIN_REQUEST__OP_REMOVE_WORKER,
+			     "http://gone:7", &body),
+	    202);
+	cJSON_Delete(body);
+	server_free(f->br);
+	f->br = NULL;
+	/* The command line loses c; the API worker comes back. */
+	f->bs.bs_nworkers = 2;
+	fx_start(f);
+	assert_int_equal(f->br->br_nworkers, 3);
+	assert_null(registry_find(f->br, "http://c:3"));
+	assert_null(registry_find(f->br, "http://gone:7"));
+	n = fx_worker(f, "http://api:7");
+	assert_string_equal(n->wk_model, "mm");
+	assert_string_equal(n->wk_api_key, "key1");
+	assert_int_equal(n->wk_bootstrap_port, 8998);
+	assert_string_equal(cJSON_GetObjectItem(n->wk_labels, "k")->valuestring,
+	    "v");
+	assert_int_equal(n->wk_slot, slot_n);
+	/* The startup worker keeps its slot, generation, status, model. */
+	a = fx_worker(f, "http://a:1");
+	assert_int_equal(a->wk_slot, slot_a);
+	assert_int_equal(a->wk_generation, gen_a);
+	assert_int_equal(a->wk_status, SHM_WORKER_READY);
+	assert_string_equal(a->wk_model, "ma");
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_route_round_robin,
+		    fx_setup, fx_teardown),
+		cmocka_unit_test_setup_teardown(test_route_errors, fx_setup,
+		    fx_teardown),
+		cmocka_unit_test_setup_teardown(test_candidate_filter,
+		    fx_setup, fx_teardown),
+		cmocka_unit_test_setup_teardown(test_exclude_and_overload_shed,
+		    fx_setup, fx_teardown),
+		cmocka_unit_test_setup_teardown(test_policy_label, fx_setup,
+		    fx_teardown),
+		cmocka_unit_test_setup_teardown(test_admin_shapes, fx_setup,
+		    fx_teardown),
+		cmocka_unit_test_setup_teardown(test_admin_validation,
+		    fx_setup, fx_teardown),
+		cmocka_unit_test_setup_teardown(test_malformed_and_ping,
+		    fx_setup, fx_teardown),
+		cmocka_unit_test_setup_teardown(test_reports_lifecycle,
+		    fx_setup, fx_teardown),
+		cmocka_unit_test_setup_teardown(test_outcomes_breaker,
+		    fx_setup, fx_teardown),
+		cmocka_unit_test_setup_teardown(test_store_roundtrip,
+		    fx_setup, fx_teardown),
+		cmocka_unit_test_setup_teardown(test_write_behind, fx_setup,
+		    fx_teardown),
+		cmocka_unit_test_setup_teardown(test_restart_keeps_workers,
+		    fx_setup, fx_teardown),
+	};
+
+	log_init("broker_test", LOG_LEVEL_ERROR);
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

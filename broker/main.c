@@ -1,0 +1,135 @@
+/*
+ * main.c: smg-broker's entry point. Parses the shared command line, turns
+ * it into broker settings, runs the loop until SIGTERM/SIGINT and exits 0
+ * after the store is flushed.
+ */
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <ev.h>
+
+#include "shared/config.h"
+#include "shared/log.h"
+#include "shared/xmalloc.h"
+
+#include "broker.h"
+
+static int broker_mode_of_urls(const struct config *cf);
+static void broker_settings_fill(struct broker_settings *bs,
+    const struct config *cf, struct broker_startup_worker **ws);
+
+/* gateway.md §1: the first ipc:// or grpc:// worker URL sets the mode. */
+static int
+broker_mode_of_urls(const struct config *cf)
+{
+	size_t i;
+
+	for (i = 0; i < cf->cf_worker_urls_n; i++) {
+		if (strncmp(cf->cf_worker_urls[i], "grpc", 4) == 0)
+			return SMG__CONNECTION_MODE__CONNECTION_MODE_GRPC;
+		if (strncmp(cf->cf_worker_urls[i], "ipc://", 6) == 0)
+			return SMG__CONNECTION_MODE__CONNECTION_MODE_ZMQ;
+	}
+	return SMG__CONNECTION_MODE__CONNECTION_MODE_HTTP;
+}
+
+static void
+broker_settings_fill(struct broker_settings *bs, const struct config *cf,
+    struct broker_startup_worker **wsp)
+{
+	struct broker_startup_worker *ws;
+	size_t i, n = 0, total;
+
+	memset(bs, 0, sizeof(*bs));
+	bs->bs_state_dir = cf->cf_state_dir;
+	bs->bs_run_dir = cf->cf_run_dir;
+	bs->bs_policy = policy_kind_name(cf->cf_policy);
+	bs->bs_pd = cf->cf_pd_disaggregation || cf->cf_epd_disaggregation;
+	if (bs->bs_pd) {
+		bs->bs_prefill_policy = policy_kind_name(cf->cf_prefill_policy);
+		bs->bs_decode_policy = policy_kind_name(cf->cf_decode_policy);
+	}
+	if (cf->cf_epd_disaggregation)
+		bs->bs_encode_policy = policy_kind_name(cf->cf_encode_policy);
+	bs->bs_mode = broker_mode_of_urls(cf);
+	bs->bs_cb_failure_threshold = (uint32_t)cf->cf_cb_failure_threshold;
+	bs->bs_cb_success_threshold = (uint32_t)cf->cf_cb_success_threshold;
+	bs->bs_cb_timeout_secs = (uint32_t)cf->cf_cb_timeout_duration_secs;
+	bs->bs_disable_circuit_breaker = cf->cf_disable_circuit_breaker;
+	bs->bs_health_failure_threshold =
+	    (uint32_t)cf->cf_health_failure_threshold;
+	bs->bs_health_success_threshold =
+	    (uint32_t)cf->cf_health_success_threshold;
+	bs->bs_disable_health_check = cf->cf_disable_health_check;
+	bs->bs_remove_unhealthy = cf->cf_remove_unhealthy_workers;
+	bs->bs_drain_settle_secs = (double)cf->cf_drain_settle_secs;
+	bs->bs_load_monitor_interval = (uint32_t)cf->cf_load_monitor_interval;
+	if (cf->cf_worker_overload_waiting_requests_set)
+		bs->bs_overload_waiting =
+		    cf->cf_worker_overload_waiting_requests;
+	if (cf->cf_worker_overload_token_usage_set)
+		bs->bs_overload_token_usage =
+		    cf->cf_worker_overload_token_usage;
+	else if (cf->cf_worker_overload_protection)
+		bs->bs_overload_token_usage = 0.9;
+	bs->bs_api_key = cf->cf_api_key;
+
+	total = cf->cf_worker_urls_n + cf->cf_prefill_n + cf->cf_decode_n +
+	    cf->cf_encode_n;
+	ws = xcalloc(total ? total : 1, sizeof(*ws));
+	for (i = 0; i < cf->cf_worker_urls_n && !bs->bs_pd; i++, n++) {
+		ws[n].sw_url = cf->cf_worker_urls[i];
+		ws[n].sw_type = SMG__WORKER_TYPE__WORKER_TYPE_REGULAR;
+		ws[n].sw_bootstrap_port = -1;
+	}
+	for (i = 0; i < cf->cf_prefill_n; i++, n++) {
+		ws[n].sw_url = cf->cf_prefill[i].ce_url;
+		ws[n].sw_type = SMG__WORKER_TYPE__WORKER_TYPE_PREFILL;
+		ws[n].sw_bootstrap_port = cf->cf_prefill[i].ce_bootstrap_port;
+	}
+	for (i = 0; i < cf->cf_decode_n; i++, n++) {
+		ws[n].sw_url = cf->cf_decode[i];
+		ws[n].sw_type = SMG__WORKER_TYPE__WORKER_TYPE_DECODE;
+		ws[n].sw_bootstrap_port = -1;
+	}
+	for (i = 0; i < cf->cf_encode_n; i++, n++) {
+		ws[n].sw_url = cf->cf_encode[i].ce_url;
+		ws[n].sw_type = SMG__WORKER_TYPE__WORKER_TYPE_ENCODE;
+		ws[n].sw_bootstrap_port = cf->cf_encode[i].ce_bootstrap_port;
+	}
+	bs->bs_workers = ws;
+	bs->bs_nworkers = n;
+	*wsp = ws;
+}
+
+int
+main(int argc, char *argv[])
+{
+	struct broker_startup_worker *ws = NULL;
+	struct broker_settings bs;
+	struct config cf;
+	struct ev_loop *loop;
+	struct broker *br;
+
+	log_init("smg-broker", LOG_LEVEL_INFO);
+	config_load_or_exit(&cf, argc, argv);
+	log_setlevel(cf.cf_log_level);
+	signal(SIGPIPE, SIG_IGN);
+	broker_settings_fill(&bs, &cf, &ws);
+	if (!policy_implemented(policy_canonical(bs.bs_policy)))
+		fatalx("policy %s is not implemented by smg-broker yet "
+		       "(available: random, round_robin, passthrough)",
+		    bs.bs_policy);
+	if ((loop = ev_default_loop(EVFLAG_AUTO)) == NULL)
+		fatalx("cannot initialise the event loop");
+	if ((br = server_new(loop, &bs, true)) == NULL)
+		fatalx("startup failed");
+	ev_run(loop, 0);
+	server_free(br);
+	log_info("smg-broker: stopped");
+	free(ws);
+	config_free(&cf);
+	ev_loop_destroy(loop);
+	return 0;
+}

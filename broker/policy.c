@@ -1,0 +1,302 @@
+/*
+ * policy.c: the policy vtable, policy names and aliases, per-model
+ * instances (policies.md §13), and the PRNG the policies share.
+ */
+#include <sys/random.h>
+
+#include <ctype.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "shared/log.h"
+#include "shared/xmalloc.h"
+
+#include "broker.h"
+
+struct policy_alias {
+	const char *pa_name;		/* user spelling, underscores removed */
+	const char *pa_canonical;
+};
+
+static const struct policy_alias policy_aliases[] = {
+	{ "roundrobin", "round_robin" },
+	{ "poweroftwo", "power_of_two" },
+	{ "leastload", "least_load" },
+	{ "cacheaware", "cache_aware" },
+	{ "consistenthashing", "consistent_hashing" },
+	{ "prefixhash", "prefix_hash" },
+	{ "random", "random" },
+	{ "passthrough", "passthrough" },
+	{ "bucket", "bucket" },
+	{ "manual", "manual" },
+};
+
+static const struct policy_ops *const policy_table[] = {
+	&policy_random_ops,
+	&policy_round_robin_ops,
+	&policy_passthrough_ops,
+};
+
+static uint64_t policy_rng[4];
+static bool policy_rng_seeded;
+
+static const struct policy_ops *policy_ops_find(const char *canonical);
+static uint64_t policy_rotl(uint64_t x, int k);
+static uint64_t policy_next(void);
+static void policy_seed(void);
+static void policy_notify(struct broker *br, struct worker *w, int what);
+
+const char *
+policy_canonical(const char *name)
+{
+	char flat[64];
+	size_t i, j;
+
+	if (name == NULL)
+		return NULL;
+	for (i = 0, j = 0; name[i] != '\0' && j + 1 < sizeof(flat); i++) {
+		if (name[i] == '_' || name[i] == '-')
+			continue;
+		flat[j++] = (char)tolower((unsigned char)name[i]);
+	}
+	if (name[i] != '\0')
+		return NULL;
+	flat[j] = '\0';
+	for (i = 0; i < sizeof(policy_aliases) / sizeof(policy_aliases[0]);
+	     i++) {
+		if (strcmp(flat, policy_aliases[i].pa_name) == 0)
+			return policy_aliases[i].pa_canonical;
+	}
+	return NULL;
+}
+
+static const struct policy_ops *
+policy_ops_find(const char *canonical)
+{
+	size_t i;
+
+	for (i = 0; i < sizeof(policy_table) / sizeof(policy_table[0]); i++) {
+		if (strcmp(policy_table[i]->po_name, canonical) == 0)
+			return policy_table[i];
+	}
+	return NULL;
+}
+
+bool
+policy_implemented(const char *canonical)
+{
+	return canonical != NULL && policy_ops_find(canonical) != NULL;
+}
+
+struct policy *
+policy_new(const char *name, bool builtin_defaults)
+{
+	const struct policy_ops *ops;
+	const char *canon;
+	struct policy *p;
+
+	if ((canon = policy_canonical(name)) == NULL) {
+		log_warnx("%s: unknown policy '%s'", __func__, name);
+		return NULL;
+	}
+	if ((ops = policy_ops_find(canon)) == NULL) {
+		log_warnx("%s: policy %s is not implemented by this broker",
+		    __func__, canon);
+		return NULL;
+	}
+	p = xcalloc(1, sizeof(*p));
+	p->pl_ops = ops;
+	p->pl_builtin = builtin_defaults;
+	p->pl_state = ops->po_new != NULL ? ops->po_new(builtin_defaults) :
+					    NULL;
+	return p;
+}
+
+void
+policy_free(struct policy *p)
+{
+	if (p == NULL)
+		return;
+	if (p->pl_ops->po_free != NULL)
+		p->pl_ops->po_free(p->pl_state);
+	free(p);
+}
+
+const char *
+policy_name(const struct policy *p)
+{
+	return p->pl_ops->po_name;
+}
+
+int
+policy_select(struct policy *p, struct worker *const *c, unsigned n,
+    const Smg__RouteRequest *req)
+{
+	if (n == 0)
+		return -1;
+	return p->pl_ops->po_select(p, c, n, req);
+}
+
+struct policy *
+policy_for(struct broker *br, struct model_entry *me, int leg)
+{
+	if (leg > SMG__LEG__LEG_SINGLE && leg < 4 && br->br_legs[leg] != NULL)
+		return br->br_legs[leg];
+	if (me != NULL && me->me_policy != NULL)
+		return me->me_policy;
+	return br->br_default;
+}
+
+void
+policy_decide_model(struct broker *br, struct model_entry *me,
+    const struct worker *first)
+{
+	const cJSON *lab;
+	const char *canon, *def;
+
+	if (me->me_policy_decided)
+		return;
+	me->me_policy_decided = true;
+	if (strcmp(me->me_name, BROKER_MODEL_UNKNOWN) == 0)
+		return;
+	lab = first->wk_labels != NULL ?
+	    cJSON_GetObjectItemCaseSensitive(first->wk_labels, "policy") :
+	    NULL;
+	if (!cJSON_IsString(lab) || lab->valuestring == NULL)
+		return;
+	if ((canon = policy_canonical(lab->valuestring)) == NULL) {
+		log_warnx("%s: model %s: unknown policy label '%s', using "
+			  "the default policy",
+		    __func__, me->me_name, lab->valuestring);
+		return;
+	}
+	if (!policy_implemented(canon)) {
+		log_warnx("%s: model %s: policy %s not implemented, using "
+			  "the default policy",
+		    __func__, me->me_name, canon);
+		return;
+	}
+	def = policy_canonical(br->br_set->bs_policy);
+	/* Same type as --policy: CLI tunables; another: built-in ones. */
+	me->me_policy = policy_new(canon,
+	    def == NULL || strcmp(def, canon) != 0);
+	log_info("%s: model %s uses its own %s instance (%s settings)",
+	    __func__, me->me_name, canon,
+	    me->me_policy->pl_builtin ? "built-in" : "command-line");
+}
+
+static void
+policy_notify(struct broker *br, struct worker *w, int what)
+{
+	struct policy *all[8];
+	unsigned i, n = 0;
+
+	all[n++] = br->br_default;
+	for (i = 1; i < 4; i++) {
+		if (br->br_legs[i] != NULL)
+			all[n++] = br->br_legs[i];
+	}
+	if (w->wk_me != NULL && w->wk_me->me_policy != NULL)
+		all[n++] = w->wk_me->me_policy;
+	for (i = 0; i < n; i++) {
+		const struct policy_ops *ops;
+
+		if (all[i] == NULL)
+			continue;
+		ops = all[i]->pl_ops;
+		if (what == 0 && ops->po_on_add != NULL)
+			ops->po_on_add(all[i], w);
+		else if (what == 1 && ops->po_on_remove != NULL)
+			ops->po_on_remove(all[i], w);
+		else if (what == 2 && ops->po_on_report != NULL)
+			ops->po_on_report(all[i], w);
+	}
+}
+
+void
+policy_notify_add(struct broker *br, struct worker *w)
+{
+	policy_notify(br, w, 0);
+}
+
+void
+policy_notify_remove(struct broker *br, struct worker *w)
+{
+	policy_notify(br, w, 1);
+}
+
+void
+policy_notify_report(struct broker *br, struct worker *w)
+{
+	policy_notify(br, w, 2);
+}
+
+static uint64_t
+policy_rotl(uint64_t x, int k)
+{
+	return (x << k) | (x >> (64 - k));
+}
+
+static void
+policy_seed(void)
+{
+	uint64_t s;
+	int i;
+
+	if (getrandom(policy_rng, sizeof(policy_rng), 0) !=
+	    (ssize_t)sizeof(policy_rng)) {
+		/* No entropy source: time and pid still differ per run. */
+		s = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+		for (i = 0; i < 4; i++) {
+			s += 0x9e3779b97f4a7c15ULL;
+			policy_rng[i] = s ^ (s >> 31);
+		}
+	}
+	if ((policy_rng[0] | policy_rng[1] | policy_rng[2] | policy_rng[3]) ==
+	    0)
+		policy_rng[0] = 1;
+	policy_rng_seeded = true;
+}
+
+/* xoshiro256** by Blackman and Vigna. */
+static uint64_t
+policy_next(void)
+{
+	uint64_t r, t;
+
+	if (!policy_rng_seeded)
+		policy_seed();
+	r = policy_rotl(policy_rng[1] * 5, 7) * 9;
+	t = policy_rng[1] << 17;
+	policy_rng[2] ^= policy_rng[0];
+	policy_rng[3] ^= policy_rng[1];
+	policy_rng[1] ^= policy_rng[2];
+	policy_rng[0] ^= policy_rng[3];
+	policy_rng[2] ^= t;
+	policy_rng[3] = policy_rotl(policy_rng[3], 45);
+	return r;
+}
+
+uint32_t
+policy_rand_below(uint32_t n)
+{
+	uint64_t m;
+	uint32_t lo, threshold;
+
+	if (n <= 1)
+		return 0;
+	/* Lemire's multiply-and-reject: unbiased. */
+	m = (uint64_t)(uint32_t)(policy_next() >> 32) * n;
+	lo = (uint32_t)m;
+	if (lo < n) {
+		threshold = (uint32_t)(-n) % n;
+		while (lo < threshold) {
+			m = (uint64_t)(uint32_t)(policy_next() >> 32) * n;
+			lo = (uint32_t)m;
+		}
+	}
+	return (uint32_t)(m >> 32);
+}

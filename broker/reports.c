@@ -1,0 +1,207 @@
+/*
+ * reports.c: what the poller tells the broker. Discovery completes a
+ * registration (Pending -> Ready, model and runtime learnt) or fails it;
+ * health probes move workers between Ready, NotReady and Failed with the
+ * thresholds of gateway.md §10; load reports are kept per worker and set
+ * the overload flag of §8.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "shared/log.h"
+#include "shared/metrics.h"
+#include "shared/xmalloc.h"
+
+#include "broker.h"
+
+static struct worker *reports_worker(struct broker *br, uint32_t slot,
+    uint32_t gen, const char *url, const char *what);
+static void reports_discovery(struct broker *br,
+    const Smg__WorkerDiscovery *d);
+static void reports_health(struct broker *br, const Smg__HealthReport *h);
+static void reports_load(struct broker *br, const Smg__LoadReport *l);
+static void reports_failed(struct broker *br, struct worker *w);
+
+static struct worker *
+reports_worker(struct broker *br, uint32_t slot, uint32_t gen,
+    const char *url, const char *what)
+{
+	struct worker *w = registry_by_slot(br, slot, gen);
+
+	if (w == NULL || (url != NULL && *url != '\0' &&
+			     strcmp(url, w->wk_url) != 0)) {
+		log_debug("%s: stale %s for slot %u generation %u (%s)",
+		    __func__, what, slot, gen, url ? url : "");
+		return NULL;
+	}
+	return w;
+}
+
+static void
+reports_failed(struct broker *br, struct worker *w)
+{
+	registry_set_status(br, w, SHM_WORKER_FAILED);
+	if (br->br_set->bs_remove_unhealthy)
+		registry_remove(br, w);
+}
+
+static void
+reports_discovery(struct broker *br, const Smg__WorkerDiscovery *d)
+{
+	struct worker *w;
+
+	if ((w = reports_worker(br, d->worker_slot, d->worker_generation,
+		 d->worker_url, "discovery")) == NULL)
+		return;
+	if (w->wk_status == SHM_WORKER_DRAINING)
+		return;
+	if (!d->ok) {
+		free(w->wk_error);
+		w->wk_error = xstrdup(d->error != NULL && *d->error != '\0' ?
+			d->error :
+			"registration failed");
+		log_warnx("%s: worker %s: %s", __func__, w->wk_url,
+		    w->wk_error);
+		reports_failed(br, w);
+		return;
+	}
+	free(w->wk_error);
+	w->wk_error = NULL;
+	if (d->runtime != NULL && *d->runtime != '\0' &&
+	    strcmp(d->runtime, w->wk_runtime) != 0) {
+		free(w->wk_runtime);
+		w->wk_runtime = xstrdup(d->runtime);
+		registry_persist(br, w);
+	}
+	/* The spec's model id wins over the discovered one. */
+	if (strcmp(w->wk_model, BROKER_MODEL_UNKNOWN) == 0 &&
+	    d->model_id != NULL && *d->model_id != '\0')
+		registry_set_model(br, w, d->model_id);
+	if (w->wk_status == SHM_WORKER_PENDING)
+		registry_set_status(br, w, SHM_WORKER_READY);
+}
+
+static void
+reports_health(struct broker *br, const Smg__HealthReport *h)
+{
+	const struct broker_settings *bs = br->br_set;
+	struct worker *w;
+	unsigned t;
+
+	if ((w = reports_worker(br, h->worker_slot, h->worker_generation,
+		 h->worker_url, "health report")) == NULL)
+		return;
+	if (w->wk_status == SHM_WORKER_FAILED ||
+	    w->wk_status == SHM_WORKER_DRAINING || w->wk_health_disabled)
+		return;
+	t = (unsigned)w->wk_type < BROKER_NTYPES ? (unsigned)w->wk_type : 0;
+	server_metric_add(br,
+	    h->passed ? br->br_m_health_ok[t] : br->br_m_health_fail[t], 1);
+	if (h->passed) {
+		w->wk_health_fails = 0;
+		w->wk_health_passes++;
+	} else {
+		w->wk_health_passes = 0;
+		w->wk_health_fails++;
+	}
+	switch (w->wk_status) {
+	case SHM_WORKER_PENDING:
+		/* Discovery promotes a Pending worker; probes only give up. */
+		if (++w->wk_probes_pending >= 10 * bs->bs_health_failure_threshold) {
+			free(w->wk_error);
+			w->wk_error = xstrdup("not ready after registration "
+					      "probes");
+			reports_failed(br, w);
+		}
+		break;
+	case SHM_WORKER_READY:
+		if (w->wk_health_fails >= bs->bs_health_failure_threshold)
+			registry_set_status(br, w, SHM_WORKER_NOT_READY);
+		break;
+	case SHM_WORKER_NOT_READY:
+		if (w->wk_health_passes >= bs->bs_health_success_threshold)
+			registry_set_status(br, w, SHM_WORKER_READY);
+		else if (w->wk_health_fails >=
+		    3 * bs->bs_health_failure_threshold)
+			reports_failed(br, w);
+		break;
+	default:
+		break;
+	}
+}
+
+void
+reports_eval_overload(struct broker *br, struct worker *w)
+{
+	const struct worker_load *l = &w->wk_load;
+	bool on = false;
+
+	if (l->wl_valid) {
+		if (w->wk_ov_waiting > 0 && l->wl_waiting_reqs >= w->wk_ov_waiting)
+			on = true;
+		if (w->wk_ov_token_usage > 0 &&
+		    l->wl_token_usage >= w->wk_ov_token_usage)
+			on = true;
+	}
+	registry_set_overloaded(br, w, on);
+}
+
+static void
+reports_load(struct broker *br, const Smg__LoadReport *r)
+{
+	struct worker_load *l;
+	struct worker *w;
+	size_t i;
+
+	if ((w = reports_worker(br, r->worker_slot, r->worker_generation,
+		 r->worker_url, "load report")) == NULL)
+		return;
+	l = &w->wk_load;
+	if (!r->ok) {
+		/* The last good report stays for the load-aware policies;
+		 * a failed fetch clears the overload veto (§8). */
+		registry_set_overloaded(br, w, false);
+		return;
+	}
+	if (r->n_loads == 0)
+		return;		/* no report this tick */
+	memset(l, 0, sizeof(*l));
+	l->wl_valid = true;
+	l->wl_nranks = (unsigned)r->n_loads;
+	for (i = 0; i < r->n_loads; i++) {
+		const Smg__RankLoad *k = r->loads[i];
+
+		l->wl_waiting_reqs += k->num_waiting_reqs;
+		l->wl_waiting_uncached_tokens += k->num_waiting_uncached_tokens;
+		l->wl_running_reqs += k->num_running_reqs;
+		l->wl_gen_throughput += k->gen_throughput;
+		l->wl_token_usage += k->token_usage;
+	}
+	l->wl_token_usage /= (double)r->n_loads;
+	l->wl_fetched_at_ms = r->fetched_at_ms;
+	l->wl_received_ms = shm_now_ms();
+	reports_eval_overload(br, w);
+	policy_notify_report(br, w);
+}
+
+void
+reports_handle(struct broker *br, const Smg__PollerMsg *m)
+{
+	switch (m->body_case) {
+	case SMG__POLLER_MSG__BODY_PING:
+		break;
+	case SMG__POLLER_MSG__BODY_LOAD:
+		reports_load(br, m->load);
+		break;
+	case SMG__POLLER_MSG__BODY_HEALTH:
+		reports_health(br, m->health);
+		break;
+	case SMG__POLLER_MSG__BODY_DISCOVERY:
+		reports_discovery(br, m->discovery);
+		break;
+	default:
+		log_warnx("%s: unknown poller message %d", __func__,
+		    (int)m->body_case);
+		break;
+	}
+}

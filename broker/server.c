@@ -1,0 +1,493 @@
+/*
+ * server.c: the broker process around its state: startup (shm, store,
+ * policies, startup and stored workers), the two ipc sockets and their
+ * dispatch, the 250 ms housekeeping tick, the store flush once per loop
+ * turn, and orderly shutdown on SIGTERM/SIGINT.
+ */
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "shared/ipc.h"
+#include "shared/log.h"
+#include "shared/metrics.h"
+#include "shared/xmalloc.h"
+
+#include "broker.h"
+
+struct server_rec {
+	char *sr_key;
+	cJSON *sr_json;
+	double sr_order;
+};
+
+struct server_recs {
+	struct server_rec *rs_v;
+	size_t rs_n;
+};
+
+static void server_rep_cb(void *arg, const uint8_t *msg, size_t len,
+    uint8_t **reply, size_t *reply_len);
+static void server_pull_cb(void *arg, const uint8_t *msg, size_t len,
+    uint8_t **reply, size_t *reply_len);
+static void server_tick_cb(struct ev_loop *loop, ev_timer *t, int revents);
+static void server_prepare_cb(struct ev_loop *loop, ev_prepare *p,
+    int revents);
+static void server_signal_cb(struct ev_loop *loop, ev_signal *s, int revents);
+static int server_startup_workers(struct broker *br);
+static void server_collect_cb(void *arg, const char *key, const char *value);
+static int server_rec_cmp(const void *a, const void *b);
+static void server_restore(struct broker *br, struct server_rec *rec);
+static int server_policies(struct broker *br);
+
+void
+server_label_escape(char *out, size_t len, const char *s)
+{
+	size_t o = 0;
+
+	if (len == 0)
+		return;
+	for (; *s != '\0' && o + 2 < len; s++) {
+		if (*s == '\\' || *s == '"') {
+			out[o++] = '\\';
+			out[o++] = *s;
+		} else if (*s == '\n') {
+			out[o++] = '\\';
+			out[o++] = 'n';
+		} else
+			out[o++] = *s;
+	}
+	out[o] = '\0';
+}
+
+int
+server_series(struct broker *br, int kind, const char *family,
+    const char *labels_fmt, ...)
+{
+	char labels[1024];
+	va_list ap;
+	int n;
+
+	va_start(ap, labels_fmt);
+	n = vsnprintf(labels, sizeof(labels), labels_fmt, ap);
+	va_end(ap);
+	if (n < 0 || (size_t)n >= sizeof(labels))
+		return -1;
+	return metrics_series(br->br_shm, (enum metrics_kind)kind, family,
+	    labels);
+}
+
+void
+server_metric_add(struct broker *br, int series, int64_t delta)
+{
+	if (series >= 0)
+		metrics_add(br->br_shm, br->br_row, series, delta);
+}
+
+void
+server_metric_set(struct broker *br, int series, int64_t value)
+{
+	if (series >= 0)
+		metrics_set(br->br_shm, br->br_row, series, value);
+}
+
+static int
+server_policies(struct broker *br)
+{
+	const struct broker_settings *bs = br->br_set;
+
+	if ((br->br_default = policy_new(bs->bs_policy, false)) == NULL)
+		return -1;
+	if (bs->bs_pd) {
+		br->br_legs[SMG__LEG__LEG_PREFILL] = policy_new(
+		    bs->bs_prefill_policy ? bs->bs_prefill_policy :
+					    bs->bs_policy,
+		    false);
+		br->br_legs[SMG__LEG__LEG_DECODE] = policy_new(
+		    bs->bs_decode_policy ? bs->bs_decode_policy :
+					   bs->bs_policy,
+		    false);
+		if (br->br_legs[SMG__LEG__LEG_PREFILL] == NULL ||
+		    br->br_legs[SMG__LEG__LEG_DECODE] == NULL)
+			return -1;
+	}
+	if (bs->bs_encode_policy != NULL &&
+	    (br->br_legs[SMG__LEG__LEG_ENCODE] = policy_new(
+		 bs->bs_encode_policy, false)) == NULL)
+		return -1;
+	return 0;
+}
+
+static int
+server_startup_workers(struct broker *br)
+{
+	const struct broker_settings *bs = br->br_set;
+	struct worker_spec ws;
+	char url[SHM_URL_MAX], err[256];
+	const char *why;
+	size_t i;
+
+	for (i = 0; i < bs->bs_nworkers; i++) {
+		const struct broker_startup_worker *sw = &bs->bs_workers[i];
+
+		if (registry_normalize_url(sw->sw_url, url, sizeof(url), err,
+			sizeof(err)) == -1) {
+			log_warnx("%s: worker %s: %s", __func__, sw->sw_url,
+			    err);
+			return -1;
+		}
+		memset(&ws, 0, sizeof(ws));
+		ws.ws_url = url;
+		ws.ws_type = sw->sw_type;
+		ws.ws_mode = bs->bs_mode;
+		ws.ws_api_key = bs->bs_api_key;
+		ws.ws_bootstrap_port = sw->sw_bootstrap_port;
+		ws.ws_priority = 50;
+		ws.ws_cost = 1.0;
+		ws.ws_from_cli = true;
+		if (registry_add(br, &ws, false, &why) == NULL) {
+			if (strcmp(why, "exists") == 0) {
+				log_warnx("%s: worker %s given twice", __func__,
+				    url);
+				continue;
+			}
+			log_warnx("%s: worker %s: table %s", __func__, url,
+			    why);
+			return -1;
+		}
+	}
+	return 0;
+}
+
+static void
+server_collect_cb(void *arg, const char *key, const char *value)
+{
+	struct server_recs *rs = arg;
+	const cJSON *ord;
+	cJSON *j;
+
+	if ((j = cJSON_Parse(value)) == NULL || !cJSON_IsObject(j)) {
+		log_warnx("server_collect: skipping unreadable record %s", key);
+		cJSON_Delete(j);
+		return;
+	}
+	ord = cJSON_GetObjectItemCaseSensitive(j, "order");
+	rs->rs_v = xreallocarray(rs->rs_v, rs->rs_n + 1, sizeof(*rs->rs_v));
+	rs->rs_v[rs->rs_n].sr_key = xstrdup(key);
+	rs->rs_v[rs->rs_n].sr_json = j;
+	rs->rs_v[rs->rs_n].sr_order = cJSON_IsNumber(ord) ? ord->valuedouble :
+							    0;
+	rs->rs_n++;
+}
+
+static int
+server_rec_cmp(const void *a, const void *b)
+{
+	const struct server_rec *x = a, *y = b;
+
+	return (x->sr_order > y->sr_order) - (x->sr_order < y->sr_order);
+}
+
+/* One stored worker back into the registry. */
+static void
+server_restore(struct broker *br, struct server_rec *rec)
+{
+	const cJSON *j = rec->sr_json, *it, *ov;
+	struct worker_spec ws;
+	struct worker *w;
+	char url[SHM_URL_MAX], err[256];
+	const char *why;
+	int t = 0, m = 0;
+
+	memset(&ws, 0, sizeof(ws));
+	if (registry_normalize_url(rec->sr_key, url, sizeof(url), err,
+		sizeof(err)) == -1) {
+		log_warnx("%s: stored worker %s: %s", __func__, rec->sr_key,
+		    err);
+		return;
+	}
+	if (registry_find(br, url) != NULL)
+		return;		/* also on the command line */
+	ws.ws_url = url;
+	it = cJSON_GetObjectItemCaseSensitive(j, "model_id");
+	ws.ws_model = cJSON_IsString(it) ? it->valuestring : NULL;
+	it = cJSON_GetObjectItemCaseSensitive(j, "runtime");
+	ws.ws_runtime = cJSON_IsString(it) ? it->valuestring : NULL;
+	it = cJSON_GetObjectItemCaseSensitive(j, "worker_type");
+	if (cJSON_IsString(it)) {
+		for (t = 0; t < BROKER_NTYPES; t++)
+			if (strcmp(registry_type_name(t), it->valuestring) == 0)
+				break;
+	}
+	ws.ws_type = t < BROKER_NTYPES ? t : 0;
+	it = cJSON_GetObjectItemCaseSensitive(j, "connection_mode");
+	if (cJSON_IsString(it)) {
+		for (m = 0; m < BROKER_NMODES; m++)
+			if (strcmp(registry_mode_name(m), it->valuestring) == 0)
+				break;
+	}
+	ws.ws_mode = m < BROKER_NMODES ? m : 0;
+	it = cJSON_GetObjectItemCaseSensitive(j, "api_key");
+	ws.ws_api_key = cJSON_IsString(it) ? it->valuestring : NULL;
+	it = cJSON_GetObjectItemCaseSensitive(j, "bootstrap_port");
+	ws.ws_bootstrap_port = cJSON_IsNumber(it) ? (int32_t)it->valueint : -1;
+	it = cJSON_GetObjectItemCaseSensitive(j, "priority");
+	ws.ws_priority = cJSON_IsNumber(it) ? (uint32_t)it->valuedouble : 50;
+	it = cJSON_GetObjectItemCaseSensitive(j, "cost");
+	ws.ws_cost = cJSON_IsNumber(it) ? it->valuedouble : 1.0;
+	ws.ws_labels = cJSON_GetObjectItemCaseSensitive(j, "labels");
+	ws.ws_spec = cJSON_GetObjectItemCaseSensitive(j, "spec");
+	ws.ws_health_disabled = cJSON_IsTrue(
+	    cJSON_GetObjectItemCaseSensitive(j, "health_disabled"));
+	if ((ov = cJSON_GetObjectItemCaseSensitive(j, "overload")) != NULL) {
+		it = cJSON_GetObjectItemCaseSensitive(ov, "waiting_requests");
+		ws.ws_ov_waiting = cJSON_IsNumber(it) ?
+		    (int64_t)it->valuedouble :
+		    0;
+		it = cJSON_GetObjectItemCaseSensitive(ov, "token_usage");
+		ws.ws_ov_token_usage = cJSON_IsNumber(it) ? it->valuedouble : 0;
+	}
+	if ((w = registry_add(br, &ws, true, &why)) == NULL)
+		log_warnx("%s: stored worker %s: %s", __func__, url, why);
+}
+
+struct broker *
+server_new(struct ev_loop *loop, const struct broker_settings *bs, bool serve)
+{
+	struct server_recs rs = { NULL, 0 };
+	struct broker *br;
+	char url[512];
+	unsigned t;
+	size_t i;
+
+	br = xcalloc(1, sizeof(*br));
+	br->br_loop = loop;
+	br->br_set = bs;
+	br->br_row = SHM_ROW_BROKER;
+	br->br_debug = log_getlevel() == LOG_LEVEL_DEBUG;
+	breaker_conf_init(&br->br_cbconf, bs);
+	if ((br->br_shm = shm_open_segment(bs->bs_run_dir)) == NULL)
+		goto fail;
+	if (shm_row_claim(br->br_shm, SHM_ROW_BROKER) == -1) {
+		log_warnx("%s: another broker holds the broker row", __func__);
+		shm_close(br->br_shm);
+		br->br_shm = NULL;
+		goto fail;
+	}
+	if ((br->br_store = store_open(bs->bs_state_dir)) == NULL)
+		goto fail;
+	if (server_policies(br) == -1)
+		goto fail;
+	br->br_m_shed_selection = server_series(br, METRICS_COUNTER,
+	    "smg_worker_overload_shed_total", "stage=\"selection\"");
+	for (t = 0; t < BROKER_NTYPES; t++) {
+		br->br_m_health_ok[t] = server_series(br, METRICS_COUNTER,
+		    "smg_worker_health_checks_total",
+		    "worker_type=\"%s\",result=\"success\"",
+		    registry_type_name((int)t));
+		br->br_m_health_fail[t] = server_series(br, METRICS_COUNTER,
+		    "smg_worker_health_checks_total",
+		    "worker_type=\"%s\",result=\"failure\"",
+		    registry_type_name((int)t));
+	}
+	registry_adopt_begin(br);
+	if (server_startup_workers(br) == -1) {
+		registry_adopt_end(br);
+		goto fail;
+	}
+	/* Then the workers added through the API before a restart. */
+	if (store_each(br->br_store, server_collect_cb, &rs) == 0 &&
+	    rs.rs_n > 0) {
+		qsort(rs.rs_v, rs.rs_n, sizeof(*rs.rs_v), server_rec_cmp);
+		for (i = 0; i < rs.rs_n; i++)
+			server_restore(br, &rs.rs_v[i]);
+	}
+	for (i = 0; i < rs.rs_n; i++) {
+		free(rs.rs_v[i].sr_key);
+		cJSON_Delete(rs.rs_v[i].sr_json);
+	}
+	free(rs.rs_v);
+	registry_adopt_end(br);
+	(void)store_flush(br->br_store);
+	if (!serve)
+		return br;
+
+	if (ipc_url(url, sizeof(url), bs->bs_run_dir, IPC_BROKER_SOCK) == -1 ||
+	    (br->br_rep = ipc_server_new(loop, url, IPC_SERVER_REP,
+		 server_rep_cb, br)) == NULL)
+		goto fail;
+	log_info("smg-broker: serving %s, %u workers, policy %s, state %s",
+	    url, br->br_nworkers, policy_name(br->br_default), bs->bs_state_dir);
+	if (ipc_url(url, sizeof(url), bs->bs_run_dir, IPC_REPORTS_SOCK) ==
+		-1 ||
+	    (br->br_pull = ipc_server_new(loop, url, IPC_SERVER_PULL,
+		 server_pull_cb, br)) == NULL)
+		goto fail;
+	ev_timer_init(&br->br_tick, server_tick_cb, 0., BROKER_TICK_SECS);
+	br->br_tick.data = br;
+	ev_timer_start(loop, &br->br_tick);
+	ev_prepare_init(&br->br_prepare, server_prepare_cb);
+	br->br_prepare.data = br;
+	ev_prepare_start(loop, &br->br_prepare);
+	ev_signal_init(&br->br_sigterm, server_signal_cb, SIGTERM);
+	ev_signal_init(&br->br_sigint, server_signal_cb, SIGINT);
+	br->br_sigterm.data = br->br_sigint.data = br;
+	ev_signal_start(loop, &br->br_sigterm);
+	ev_signal_start(loop, &br->br_sigint);
+	return br;
+fail:
+	server_free(br);
+	return NULL;
+}
+
+void
+server_free(struct broker *br)
+{
+	unsigned i;
+
+	if (br == NULL)
+		return;
+	ev_timer_stop(br->br_loop, &br->br_tick);
+	ev_prepare_stop(br->br_loop, &br->br_prepare);
+	ev_signal_stop(br->br_loop, &br->br_sigterm);
+	ev_signal_stop(br->br_loop, &br->br_sigint);
+	ipc_server_free(br->br_rep);
+	ipc_server_free(br->br_pull);
+	store_close(br->br_store);
+	br->br_store = NULL;
+	registry_free_all(br);
+	policy_free(br->br_default);
+	for (i = 0; i < 4; i++)
+		policy_free(br->br_legs[i]);
+	if (br->br_shm != NULL) {
+		shm_row_release(br->br_shm, SHM_ROW_BROKER);
+		shm_close(br->br_shm);
+	}
+	free(br);
+}
+
+uint8_t *
+server_frontend(struct broker *br, const uint8_t *msg, size_t len,
+    size_t *reply_len)
+{
+	Smg__FrontendMsg *m;
+	Smg__BrokerReply r = SMG__BROKER_REPLY__INIT;
+	Smg__Pong pong = SMG__PONG__INIT;
+	Smg__DecisionBatch db = SMG__DECISION_BATCH__INIT;
+	Smg__AdminReply ar = SMG__ADMIN_REPLY__INIT;
+	const char *why;
+	uint8_t *out = NULL;
+
+	if ((m = ipc_decode_frontend(msg, len, &why)) == NULL) {
+		log_warnx("%s: frontend message rejected: %s", __func__, why);
+		return ipc_pack_error(why, "cannot decode the message",
+		    reply_len);
+	}
+	r.version = IPC_VERSION;
+	switch (m->body_case) {
+	case SMG__FRONTEND_MSG__BODY_PING:
+		pong.broker_pid = (int32_t)getpid();
+		pong.registry_generation = shm_workers_generation(br->br_shm);
+		r.body_case = SMG__BROKER_REPLY__BODY_PONG;
+		r.pong = &pong;
+		out = ipc_pack_broker(&r, reply_len);
+		break;
+	case SMG__FRONTEND_MSG__BODY_ROUTE_BATCH:
+		if (route_batch(br, m->route_batch, &db) == -1) {
+			out = ipc_pack_error("internal", "out of memory",
+			    reply_len);
+			break;
+		}
+		r.body_case = SMG__BROKER_REPLY__BODY_DECISION_BATCH;
+		r.decision_batch = &db;
+		out = ipc_pack_broker(&r, reply_len);
+		route_batch_free(&db);
+		break;
+	case SMG__FRONTEND_MSG__BODY_ADMIN:
+		admin_handle(br, m->admin, &ar);
+		r.body_case = SMG__BROKER_REPLY__BODY_ADMIN;
+		r.admin = &ar;
+		out = ipc_pack_broker(&r, reply_len);
+		admin_reply_free(&ar);
+		break;
+	default:
+		log_warnx("%s: unknown frontend message %d", __func__,
+		    (int)m->body_case);
+		out = ipc_pack_error("unknown", "unknown message", reply_len);
+		break;
+	}
+	smg__frontend_msg__free_unpacked(m, NULL);
+	return out;
+}
+
+void
+server_poller(struct broker *br, const uint8_t *msg, size_t len)
+{
+	Smg__PollerMsg *m;
+	const char *why;
+
+	if ((m = ipc_decode_poller(msg, len, &why)) == NULL) {
+		log_warnx("%s: poller message rejected: %s", __func__, why);
+		return;
+	}
+	reports_handle(br, m);
+	smg__poller_msg__free_unpacked(m, NULL);
+}
+
+static void
+server_rep_cb(void *arg, const uint8_t *msg, size_t len, uint8_t **reply,
+    size_t *reply_len)
+{
+	*reply = server_frontend(arg, msg, len, reply_len);
+}
+
+static void
+server_pull_cb(void *arg, const uint8_t *msg, size_t len, uint8_t **reply,
+    size_t *reply_len)
+{
+	(void)reply;
+	(void)reply_len;
+	server_poller(arg, msg, len);
+}
+
+static void
+server_tick_cb(struct ev_loop *loop, ev_timer *t, int revents)
+{
+	struct broker *br = t->data;
+	unsigned i;
+	int n;
+
+	(void)loop;
+	(void)revents;
+	if ((n = shm_reclaim_dead(br->br_shm)) > 0)
+		log_info("%s: reclaimed %d dead process rows", __func__, n);
+	shm_heartbeat(br->br_shm, br->br_row);
+	for (i = 0; i < br->br_nworkers; i++) {
+		struct worker *w = br->br_order[i];
+
+		server_metric_set(br, w->wk_m_active,
+		    shm_inflight_total(br->br_shm, w->wk_slot));
+	}
+}
+
+static void
+server_prepare_cb(struct ev_loop *loop, ev_prepare *p, int revents)
+{
+	struct broker *br = p->data;
+
+	(void)loop;
+	(void)revents;
+	if (store_pending(br->br_store))
+		(void)store_flush(br->br_store);
+}
+
+static void
+server_signal_cb(struct ev_loop *loop, ev_signal *s, int revents)
+{
+	(void)revents;
+	log_info("%s: signal %d, stopping", __func__, s->signum);
+	ev_break(loop, EVBREAK_ALL);
+}

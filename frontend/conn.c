@@ -1,0 +1,539 @@
+/*
+ * conn.c: one client connection: reads requests with the shared reader
+ * (limits, 413/431, smuggling defences), answers pipelined requests one at
+ * a time and in order, handles Expect: 100-continue, the slow-client
+ * timeouts (head, body stall, keep-alive idle) and TLS when configured.
+ * A connection is freed only from the loop (a zero timer), never inside a
+ * call made by its request handler.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "frontend/frontend.h"
+#include "shared/log.h"
+#include "shared/tls.h"
+
+#define CONN_TLS_WRITE_MAX 16384
+
+enum conn_state {
+	CONN_IDLE = 0, /* between requests */
+	CONN_HEAD, /* part of a request head arrived */
+	CONN_BODY, /* head parsed, body arriving */
+	CONN_BUSY, /* a request is being answered */
+};
+
+struct conn {
+	ev_io c_rio;
+	ev_io c_wio;
+	ev_timer c_timer;
+	ev_timer c_reap;
+	int c_fd;
+	enum listener_kind c_kind;
+	enum conn_state c_state;
+	struct tls_conn *c_tls;
+	size_t c_tls_wlen; /* length of a TLS write to repeat */
+	struct http_reader *c_reader;
+	char c_in[FE_IN_BUF];
+	size_t c_inlen;
+	struct http_out c_out;
+	size_t c_outoff;
+	bool c_dead; /* fd closed, freed by c_reap */
+	bool c_close_after; /* close once the output is written */
+	bool c_eof;
+	bool c_in_process;
+	bool c_want_drain;
+	bool c_keep_alive;
+	unsigned c_http_minor;
+	const struct conn_handler *c_h;
+	void *c_harg;
+	TAILQ_ENTRY(conn) c_link;
+};
+
+static TAILQ_HEAD(, conn) conns = TAILQ_HEAD_INITIALIZER(conns);
+
+static void conn_read_cb(struct ev_loop *, ev_io *, int);
+static void conn_write_cb(struct ev_loop *, ev_io *, int);
+static void conn_timer_cb(struct ev_loop *, ev_timer *, int);
+static void conn_reap_cb(struct ev_loop *, ev_timer *, int);
+static void conn_kill(struct conn *);
+static void conn_process(struct conn *);
+static void conn_read(struct conn *);
+static int conn_write(struct conn *);
+static void conn_update(struct conn *);
+static void conn_arm_timer(struct conn *, double);
+
+void
+conn_accept(int fd, enum listener_kind kind)
+{
+	struct conn *c;
+
+	if ((c = calloc(1, sizeof(*c))) == NULL ||
+	    (c->c_reader = http_reader_new(&fe->fe_limits)) == NULL) {
+		free(c);
+		close(fd);
+		return;
+	}
+	if (kind == LISTENER_MAIN && fe->fe_tls != NULL &&
+	    (c->c_tls = tls_conn_new_server(fe->fe_tls, fd)) == NULL) {
+		http_reader_free(c->c_reader);
+		free(c);
+		close(fd);
+		return;
+	}
+	c->c_fd = fd;
+	c->c_kind = kind;
+	c->c_state = CONN_IDLE;
+	http_out_init(&c->c_out);
+	ev_io_init(&c->c_rio, conn_read_cb, fd, EV_READ);
+	ev_io_init(&c->c_wio, conn_write_cb, fd, EV_WRITE);
+	ev_init(&c->c_timer, conn_timer_cb);
+	ev_timer_init(&c->c_reap, conn_reap_cb, 0., 0.);
+	ev_io_start(fe->fe_loop, &c->c_rio);
+	conn_arm_timer(c, FE_IDLE_TIMEOUT);
+	TAILQ_INSERT_TAIL(&conns, c, c_link);
+	fe->fe_nconns++;
+}
+
+void
+conn_drain_all(void)
+{
+	struct conn *c;
+
+	TAILQ_FOREACH(c, &conns, c_link)
+	{
+		if (c->c_dead)
+			continue;
+		if (c->c_state == CONN_BUSY)
+			c->c_close_after = true;
+		else if (conn_pending(c) == 0)
+			conn_kill(c);
+		else
+			c->c_close_after = true;
+	}
+}
+
+static void
+conn_arm_timer(struct conn *c, double secs)
+{
+	if (secs <= 0) {
+		ev_timer_stop(fe->fe_loop, &c->c_timer);
+		return;
+	}
+	c->c_timer.repeat = secs;
+	ev_timer_again(fe->fe_loop, &c->c_timer);
+}
+
+/* Closes the socket now; the struct goes from the loop (conn_reap_cb). */
+static void
+conn_kill(struct conn *c)
+{
+	if (c->c_dead)
+		return;
+	c->c_dead = true;
+	ev_io_stop(fe->fe_loop, &c->c_rio);
+	ev_io_stop(fe->fe_loop, &c->c_wio);
+	ev_timer_stop(fe->fe_loop, &c->c_timer);
+	tls_conn_free(c->c_tls);
+	c->c_tls = NULL;
+	close(c->c_fd);
+	c->c_fd = -1;
+	ev_timer_start(fe->fe_loop, &c->c_reap);
+}
+
+static void
+conn_reap_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	struct conn *c =
+	    (struct conn *)((char *)w - offsetof(struct conn, c_reap));
+	const struct conn_handler *h = c->c_h;
+
+	(void)loop;
+	(void)revents;
+	if (c->c_state == CONN_BUSY) {
+		fe->fe_nbusy--;
+		c->c_state = CONN_IDLE;
+		c->c_h = NULL;
+		if (h != NULL && h->ch_gone != NULL)
+			h->ch_gone(c->c_harg);
+	}
+	TAILQ_REMOVE(&conns, c, c_link);
+	http_reader_free(c->c_reader);
+	http_out_free(&c->c_out);
+	fe->fe_nconns--;
+	free(c);
+}
+
+void
+conn_set_handler(struct conn *c, const struct conn_handler *h, void *arg)
+{
+	c->c_h = h;
+	c->c_harg = arg;
+}
+
+struct http_out *
+conn_out(struct conn *c)
+{
+	return &c->c_out;
+}
+
+size_t
+conn_pending(const struct conn *c)
+{
+	return c->c_out.ho_len - c->c_outoff;
+}
+
+bool
+conn_keep_alive(const struct conn *c)
+{
+	return c->c_keep_alive && !c->c_close_after && !fe->fe_draining;
+}
+
+void
+conn_set_close(struct conn *c)
+{
+	c->c_keep_alive = false;
+}
+
+unsigned
+conn_http_minor(const struct conn *c)
+{
+	return c->c_http_minor;
+}
+
+enum listener_kind
+conn_kind(const struct conn *c)
+{
+	return c->c_kind;
+}
+
+/* Writes what it can; 0 when all is written or must wait, -1 on error. */
+static int
+conn_write(struct conn *c)
+{
+	ssize_t n;
+	size_t len;
+
+	while (c->c_outoff < c->c_out.ho_len) {
+		len = c->c_out.ho_len - c->c_outoff;
+		if (c->c_tls != NULL) {
+			if (c->c_tls_wlen != 0)
+				len = c->c_tls_wlen;
+			else if (len > CONN_TLS_WRITE_MAX)
+				len = CONN_TLS_WRITE_MAX;
+			n = tls_conn_write(c->c_tls,
+			    c->c_out.ho_buf + c->c_outoff, len);
+			if (n == TLS_WANT_READ || n == TLS_WANT_WRITE) {
+				c->c_tls_wlen = len;
+				ev_io_start(fe->fe_loop, &c->c_wio);
+				return 0;
+			}
+			if (n < 0)
+				return -1;
+			c->c_tls_wlen = 0;
+		} else {
+			n = write(c->c_fd, c->c_out.ho_buf + c->c_outoff, len);
+			if (n == -1) {
+				if (errno == EINTR)
+					continue;
+				if (errno == EAGAIN || errno == EWOULDBLOCK) {
+					ev_io_start(fe->fe_loop, &c->c_wio);
+					return 0;
+				}
+				return -1;
+			}
+		}
+		c->c_outoff += (size_t)n;
+	}
+	ev_io_stop(fe->fe_loop, &c->c_wio);
+	http_out_reset(&c->c_out);
+	c->c_outoff = 0;
+	return 0;
+}
+
+void
+conn_flush(struct conn *c)
+{
+	if (c->c_dead)
+		return;
+	if (c->c_out.ho_failed) {
+		/* Out of memory mid-response: nothing sane can follow. */
+		conn_kill(c);
+		return;
+	}
+	if (conn_write(c) == -1) {
+		conn_kill(c);
+		return;
+	}
+	if (conn_pending(c) > FE_OUT_HIGH)
+		c->c_want_drain = true;
+	if (conn_pending(c) == 0 && c->c_close_after && c->c_state != CONN_BUSY)
+		conn_kill(c);
+}
+
+static void
+conn_write_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+	struct conn *c =
+	    (struct conn *)((char *)w - offsetof(struct conn, c_wio));
+	const struct conn_handler *h;
+
+	(void)loop;
+	(void)revents;
+	conn_flush(c);
+	if (c->c_dead)
+		return;
+	if (c->c_want_drain && conn_pending(c) < FE_OUT_LOW) {
+		c->c_want_drain = false;
+		h = c->c_h;
+		if (c->c_state == CONN_BUSY && h != NULL &&
+		    h->ch_drained != NULL)
+			h->ch_drained(c->c_harg);
+	}
+	if (!c->c_dead && c->c_state != CONN_BUSY && conn_pending(c) == 0)
+		conn_process(c);
+}
+
+static void
+conn_read(struct conn *c)
+{
+	ssize_t n;
+
+	while (c->c_inlen < sizeof(c->c_in)) {
+		if (c->c_tls != NULL) {
+			n = tls_conn_read(c->c_tls, c->c_in + c->c_inlen,
+			    sizeof(c->c_in) - c->c_inlen);
+			if (n == TLS_WANT_READ)
+				return;
+			if (n == TLS_WANT_WRITE) {
+				ev_io_start(fe->fe_loop, &c->c_wio);
+				return;
+			}
+			if (n == TLS_CLOSED || n == 0) {
+				c->c_eof = true;
+				return;
+			}
+			if (n < 0) {
+				conn_kill(c);
+				return;
+			}
+		} else {
+			n = read(c->c_fd, c->c_in + c->c_inlen,
+			    sizeof(c->c_in) - c->c_inlen);
+			if (n == -1) {
+				if (errno == EINTR)
+					continue;
+				if (errno != EAGAIN && errno != EWOULDBLOCK)
+					conn_kill(c);
+				return;
+			}
+			if (n == 0) {
+				c->c_eof = true;
+				return;
+			}
+		}
+		c->c_inlen += (size_t)n;
+		if (c->c_tls == NULL)
+			return;
+	}
+}
+
+static void
+conn_read_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+	struct conn *c =
+	    (struct conn *)((char *)w - offsetof(struct conn, c_rio));
+
+	(void)loop;
+	(void)revents;
+	conn_read(c);
+	if (c->c_dead)
+		return;
+	if (c->c_eof) {
+		/* The client is gone: a request in progress ends now. */
+		conn_kill(c);
+		return;
+	}
+	if (c->c_state == CONN_BODY)
+		conn_arm_timer(c,
+		    (double)fe->fe_cf->cf_stream_body_stall_timeout_secs);
+	conn_process(c);
+}
+
+/* Starts or stops the read watcher to match the state. */
+static void
+conn_update(struct conn *c)
+{
+	if (c->c_dead)
+		return;
+	if (c->c_inlen < sizeof(c->c_in) && !c->c_close_after) {
+		ev_io_start(fe->fe_loop, &c->c_rio);
+		if (c->c_tls != NULL && tls_conn_pending(c->c_tls) > 0)
+			ev_feed_event(fe->fe_loop, &c->c_rio, EV_READ);
+	} else if (c->c_state != CONN_BUSY || c->c_close_after) {
+		ev_io_stop(fe->fe_loop, &c->c_rio);
+	} else {
+		/* Busy with a full buffer: stop, the response frees it. */
+		ev_io_stop(fe->fe_loop, &c->c_rio);
+	}
+}
+
+static void
+conn_process(struct conn *c)
+{
+	const struct http_request *req;
+	enum http_read_status st;
+	const char *reason;
+	size_t used;
+	int status;
+
+	if (c->c_in_process || c->c_dead)
+		return;
+	c->c_in_process = true;
+	while (!c->c_dead && c->c_state != CONN_BUSY && !c->c_close_after) {
+		if (conn_pending(c) > FE_OUT_HIGH)
+			break;
+		if (c->c_state == CONN_IDLE && c->c_inlen == 0)
+			break;
+		st = http_reader_feed(c->c_reader, c->c_in, c->c_inlen, &used);
+		if (used > 0) {
+			memmove(c->c_in, c->c_in + used, c->c_inlen - used);
+			c->c_inlen -= used;
+		}
+		if (st == HTTP_READ_AGAIN) {
+			if (c->c_state == CONN_IDLE) {
+				c->c_state = CONN_HEAD;
+				conn_arm_timer(c, FE_HEADER_TIMEOUT);
+			}
+			break;
+		}
+		if (st == HTTP_READ_HEADERS) {
+			req = http_reader_request(c->c_reader);
+			if (c->c_state != CONN_BODY)
+				conn_arm_timer(c,
+				    (double)fe->fe_cf
+				        ->cf_stream_body_stall_timeout_secs);
+			c->c_state = CONN_BODY;
+			if (req->hr_expect_continue) {
+				http_out_append(&c->c_out, HTTP_100_CONTINUE,
+				    strlen(HTTP_100_CONTINUE));
+				conn_flush(c);
+			}
+			continue;
+		}
+		if (st == HTTP_READ_DONE) {
+			req = http_reader_request(c->c_reader);
+			c->c_state = CONN_BUSY;
+			ev_timer_stop(fe->fe_loop, &c->c_timer);
+			fe->fe_nbusy++;
+			c->c_keep_alive = req->hr_keep_alive;
+			c->c_http_minor = req->hr_http_minor;
+			c->c_h = NULL;
+			local_route(c, req, c->c_kind);
+			continue;
+		}
+		/* HTTP_READ_ERROR (or anything unexpected). */
+		status = http_reader_error(c->c_reader, &reason);
+		if (status == 0)
+			status = 400;
+		c->c_keep_alive = false;
+		c->c_close_after = true;
+		http_out_error(&c->c_out, status, "bad_request",
+		    reason != NULL ? reason : http_status_reason(status), NULL,
+		    0, false);
+		stats_add("smg_http_responses_total",
+		    "method=\"other\",path=\"other\",status_code=\"4xx\"", 1);
+		conn_flush(c);
+		break;
+	}
+	c->c_in_process = false;
+	if (c->c_dead)
+		return;
+	if (c->c_state == CONN_IDLE && c->c_inlen == 0 && fe->fe_draining &&
+	    conn_pending(c) == 0) {
+		conn_kill(c);
+		return;
+	}
+	conn_update(c);
+}
+
+static void
+conn_timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	struct conn *c =
+	    (struct conn *)((char *)w - offsetof(struct conn, c_timer));
+
+	(void)loop;
+	(void)revents;
+	ev_timer_stop(fe->fe_loop, w);
+	if (c->c_state == CONN_HEAD || c->c_state == CONN_BODY) {
+		/* Slow client: tell it, then close. */
+		c->c_close_after = true;
+		c->c_keep_alive = false;
+		c->c_state = CONN_IDLE;
+		http_out_error(&c->c_out, 408, "request_timeout",
+		    "Request not received in time", NULL, 0, false);
+		conn_flush(c);
+		if (!c->c_dead && conn_pending(c) > 0)
+			return;
+	}
+	conn_kill(c);
+}
+
+void
+conn_request_done(struct conn *c)
+{
+	if (c->c_state == CONN_BUSY) {
+		c->c_state = CONN_IDLE;
+		fe->fe_nbusy--;
+	}
+	c->c_h = NULL;
+	c->c_harg = NULL;
+	if (c->c_dead)
+		return;
+	if (!c->c_keep_alive || fe->fe_draining)
+		c->c_close_after = true;
+	http_reader_reset(c->c_reader);
+	conn_flush(c);
+	if (c->c_dead || c->c_close_after)
+		return;
+	conn_arm_timer(c, FE_IDLE_TIMEOUT);
+	conn_process(c);
+}
+
+void
+conn_request_abort(struct conn *c)
+{
+	c->c_keep_alive = false;
+	conn_request_done(c);
+}
+
+void
+conn_respond(struct conn *c, int status, const char *content_type,
+    const char *body, size_t len, const char *request_id)
+{
+	struct http_out *o = &c->c_out;
+
+	http_out_status(o, status);
+	if (content_type != NULL)
+		http_out_header(o, "content-type", content_type);
+	http_out_headerf(o, "content-length", "%zu", len);
+	if (request_id != NULL)
+		http_out_header(o, "x-request-id", request_id);
+	http_out_header(o, "connection",
+	    conn_keep_alive(c) ? "keep-alive" : "close");
+	http_out_end_head(o);
+	http_out_append(o, body, len);
+	conn_request_done(c);
+}
+
+void
+conn_error(struct conn *c, int status, const char *code, const char *message,
+    const char *request_id, int retry_after_secs)
+{
+	http_out_error(&c->c_out, status, code, message, request_id,
+	    retry_after_secs, conn_keep_alive(c));
+	conn_request_done(c);
+}

@@ -1,0 +1,463 @@
+/*
+ * decide.c: the frontend's side of the broker conversation. Every routing
+ * question that becomes ready during one loop turn travels in one
+ * RouteBatch (flushed from an ev_prepare watcher, with the pending
+ * outcomes piggy-backed); the DecisionBatch answers them in order. When
+ * the broker does not answer in time the questions are answered by the
+ * local fallback, and until a ping succeeds again every question is.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <nng/nng.h>
+
+#include "frontend/frontend.h"
+#include "shared/ipc.h"
+#include "shared/log.h"
+
+#define DECIDE_MAX_OUTCOMES 8192
+
+struct decide_batch {
+	size_t db_n;
+	ev_tstamp db_sent;
+	struct decide_item *db_items[];
+};
+
+static TAILQ_HEAD(, decide_item) decide_queue = TAILQ_HEAD_INITIALIZER(
+    decide_queue);
+static size_t decide_nqueued;
+static ev_prepare decide_prep;
+static ev_timer decide_outcome_timer;
+static ev_timer decide_ping_timer;
+static Smg__Outcome *decide_outcomes;
+static size_t decide_noutcomes;
+static bool decide_down; /* broker unreachable: decide locally */
+static bool decide_ping_pending;
+
+static void decide_prepare_cb(struct ev_loop *, ev_prepare *, int);
+static void decide_outcome_cb(struct ev_loop *, ev_timer *, int);
+static void decide_ping_cb(struct ev_loop *, ev_timer *, int);
+static void decide_flush(void);
+static void decide_local(struct decide_item *);
+static void decide_reply_cb(void *, int, const uint8_t *, size_t);
+static void decide_pong_cb(void *, int, const uint8_t *, size_t);
+static void decide_set_down(bool);
+static int decide_send(struct decide_batch *, struct decide_item **, size_t);
+static void decide_from_proto(const Smg__Decision *, struct decision *);
+
+void
+decide_init(void)
+{
+	decide_outcomes = calloc(DECIDE_MAX_OUTCOMES, sizeof(Smg__Outcome));
+	if (decide_outcomes == NULL)
+		fatal("%s: calloc", __func__);
+	ev_prepare_init(&decide_prep, decide_prepare_cb);
+	ev_prepare_start(fe->fe_loop, &decide_prep);
+	ev_timer_init(&decide_outcome_timer, decide_outcome_cb,
+	    FE_OUTCOME_FLUSH, 0.);
+	ev_timer_init(&decide_ping_timer, decide_ping_cb, FE_PING_INTERVAL,
+	    FE_PING_INTERVAL);
+}
+
+void
+decide_shutdown(void)
+{
+	ev_prepare_stop(fe->fe_loop, &decide_prep);
+	ev_timer_stop(fe->fe_loop, &decide_outcome_timer);
+	ev_timer_stop(fe->fe_loop, &decide_ping_timer);
+	free(decide_outcomes);
+	decide_outcomes = NULL;
+	decide_noutcomes = 0;
+}
+
+void
+decide_submit(struct decide_item *it)
+{
+	it->di_queued = true;
+	it->di_batch = NULL;
+	TAILQ_INSERT_TAIL(&decide_queue, it, di_link);
+	decide_nqueued++;
+}
+
+void
+decide_cancel(struct decide_item *it)
+{
+	struct decide_batch *b;
+
+	if (it->di_queued) {
+		TAILQ_REMOVE(&decide_queue, it, di_link);
+		decide_nqueued--;
+		it->di_queued = false;
+	}
+	if ((b = it->di_batch) != NULL) {
+		b->db_items[it->di_index] = NULL;
+		it->di_batch = NULL;
+	}
+}
+
+void
+decide_outcome(unsigned slot, uint32_t generation, int http_status,
+    bool transport_error)
+{
+	Smg__Outcome *o;
+
+	if (decide_outcomes == NULL)
+		return;
+	if (decide_noutcomes == DECIDE_MAX_OUTCOMES) {
+		/* The broker has been away long: keep the newest. */
+		memmove(decide_outcomes, decide_outcomes + 1,
+		    (DECIDE_MAX_OUTCOMES - 1) * sizeof(*o));
+		decide_noutcomes--;
+	}
+	o = &decide_outcomes[decide_noutcomes++];
+	smg__outcome__init(o);
+	o->worker_slot = slot;
+	o->worker_generation = generation;
+	o->http_status = (uint32_t)http_status;
+	o->transport_error = transport_error;
+	if (!decide_down && !ev_is_active(&decide_outcome_timer))
+		ev_timer_start(fe->fe_loop, &decide_outcome_timer);
+}
+
+static void
+decide_prepare_cb(struct ev_loop *loop, ev_prepare *w, int revents)
+{
+	(void)loop;
+	(void)w;
+	(void)revents;
+	if (decide_nqueued > 0)
+		decide_flush();
+}
+
+static void
+decide_outcome_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	struct decide_batch *b;
+
+	(void)loop;
+	(void)w;
+	(void)revents;
+	if (decide_noutcomes == 0 || decide_down)
+		return;
+	if ((b = calloc(1, sizeof(*b))) == NULL)
+		return;
+	if (decide_send(b, NULL, 0) == -1)
+		free(b);
+}
+
+static void
+decide_set_down(bool down)
+{
+	if (down == decide_down)
+		return;
+	decide_down = down;
+	if (down) {
+		log_warnx("%s: broker %s unreachable, routing locally",
+		    __func__, fe->fe_broker_url);
+		ev_timer_stop(fe->fe_loop, &decide_outcome_timer);
+		ev_timer_again(fe->fe_loop, &decide_ping_timer);
+	} else {
+		log_info("%s: broker %s reachable again", __func__,
+		    fe->fe_broker_url);
+		ev_timer_stop(fe->fe_loop, &decide_ping_timer);
+		if (decide_noutcomes > 0)
+			ev_timer_start(fe->fe_loop, &decide_outcome_timer);
+	}
+}
+
+static void
+decide_local(struct decide_item *it)
+{
+	struct decision d;
+	const char *model = it->di_in->ei_model;
+
+	fallback_select(fe->fe_shm, fe->fe_cf, model, 0, it->di_exclude,
+	    it->di_nexclude, &d);
+	stats_add("smg_broker_fallback_decisions_total", "", 1);
+	it->di_cb(it->di_arg, &d);
+}
+
+/*
+ * Packs the batch: items[0..n) become RouteRequests, every pending outcome
+ * travels along. Returns 0 when sent (b then belongs to the reply), -1.
+ */
+static int
+decide_send(struct decide_batch *b, struct decide_item **items, size_t n)
+{
+	Smg__FrontendMsg m = SMG__FRONTEND_MSG__INIT;
+	Smg__RouteBatch rb = SMG__ROUTE_BATCH__INIT;
+	Smg__RouteRequest *rr = NULL, **rrp = NULL;
+	Smg__Outcome **op = NULL;
+	uint8_t *buf = NULL;
+	size_t len, i;
+	int rv = -1;
+
+	if (n > 0 &&
+	    ((rr = calloc(n, sizeof(*rr))) == NULL ||
+	        (rrp = calloc(n, sizeof(*rrp))) == NULL))
+		goto out;
+	if (decide_noutcomes > 0 &&
+	    (op = calloc(decide_noutcomes, sizeof(*op))) == NULL)
+		goto out;
+	for (i = 0; i < n; i++) {
+		const struct extract_inputs *in = items[i]->di_in;
+
+		smg__route_request__init(&rr[i]);
+		rr[i].id = i;
+		rr[i].endpoint = (Smg__Endpoint)in->ei_endpoint;
+		rr[i].leg = SMG__LEG__LEG_SINGLE;
+		rr[i].model = in->ei_model != NULL ? in->ei_model : "";
+		if (in->ei_has_text && in->ei_text != NULL) {
+			rr[i].text = in->ei_text;
+			rr[i].has_text = true;
+		}
+		if (in->ei_has_tokens) {
+			rr[i].tokens = in->ei_tokens;
+			rr[i].n_tokens = in->ei_ntokens;
+			rr[i].has_tokens = true;
+		}
+		if (in->ei_routing_key != NULL)
+			rr[i].routing_key = in->ei_routing_key;
+		if (in->ei_rid_key != NULL)
+			rr[i].rid_key = in->ei_rid_key;
+		if (in->ei_has_target_worker) {
+			rr[i].target_worker = in->ei_target_worker;
+			rr[i].has_target_worker = true;
+		}
+		if (in->ei_has_implicit_key) {
+			rr[i].implicit_key = in->ei_implicit_key;
+			rr[i].has_implicit_key = true;
+		}
+		rr[i].attempt = items[i]->di_attempt;
+		rr[i].exclude_slots = (uint32_t *)items[i]->di_exclude;
+		rr[i].n_exclude_slots = items[i]->di_nexclude;
+		rr[i].size = in->ei_size;
+		rrp[i] = &rr[i];
+	}
+	for (i = 0; i < decide_noutcomes; i++)
+		op[i] = &decide_outcomes[i];
+	rb.n_requests = n;
+	rb.requests = rrp;
+	rb.n_outcomes = decide_noutcomes;
+	rb.outcomes = op;
+	m.version = IPC_VERSION;
+	m.body_case = SMG__FRONTEND_MSG__BODY_ROUTE_BATCH;
+	m.route_batch = &rb;
+	if ((buf = ipc_pack_frontend(&m, &len)) == NULL)
+		goto out;
+	b->db_sent = ev_now(fe->fe_loop);
+	if (ipc_client_send(fe->fe_broker, buf, len, FE_BROKER_TIMEOUT_MS,
+	        decide_reply_cb, b) == -1)
+		goto out;
+	decide_noutcomes = 0;
+	ev_timer_stop(fe->fe_loop, &decide_outcome_timer);
+	rv = 0;
+out:
+	free(buf);
+	free(op);
+	free(rrp);
+	free(rr);
+	return rv;
+}
+
+static void
+decide_flush(void)
+{
+	struct decide_batch *b;
+	struct decide_item *it;
+	size_t n = decide_nqueued, i = 0;
+
+	b = decide_down ? NULL
+	                : calloc(1, sizeof(*b) + n * sizeof(b->db_items[0]));
+	if (b != NULL) {
+		TAILQ_FOREACH(it, &decide_queue, di_link)
+		b->db_items[i++] = it;
+		b->db_n = n;
+		if (decide_send(b, b->db_items, n) == 0) {
+			while ((it = TAILQ_FIRST(&decide_queue)) != NULL) {
+				TAILQ_REMOVE(&decide_queue, it, di_link);
+				it->di_queued = false;
+			}
+			decide_nqueued = 0;
+			for (i = 0; i < n; i++) {
+				b->db_items[i]->di_batch = b;
+				b->db_items[i]->di_index = i;
+			}
+			return;
+		}
+		free(b);
+		stats_add("smg_broker_errors_total", "reason=\"send\"", 1);
+		decide_set_down(true);
+	}
+	/* Broker away or the send failed: answer locally, now. */
+	while ((it = TAILQ_FIRST(&decide_queue)) != NULL) {
+		TAILQ_REMOVE(&decide_queue, it, di_link);
+		it->di_queued = false;
+		decide_nqueued--;
+		decide_local(it);
+	}
+}
+
+static void
+decide_from_proto(const Smg__Decision *pd, struct decision *d)
+{
+	memset(d, 0, sizeof(*d));
+	if (pd->status == SMG__DECISION_STATUS__DECISION_OK) {
+		d->dc_ok = true;
+		d->dc_slot = pd->worker_slot;
+		d->dc_generation = pd->worker_generation;
+		snprintf(d->dc_url, sizeof(d->dc_url), "%s",
+		    pd->worker_url != NULL ? pd->worker_url : "");
+		snprintf(d->dc_model, sizeof(d->dc_model), "%s",
+		    pd->model != NULL ? pd->model : "");
+		snprintf(d->dc_policy, sizeof(d->dc_policy), "%s",
+		    pd->policy != NULL ? pd->policy : "");
+		if (fallback_fill_worker(fe->fe_shm, d->dc_slot,
+		        d->dc_generation, d) == -1)
+			log_debug("%s: slot %u changed since the decision",
+			    __func__, d->dc_slot);
+		if (d->dc_url[0] == '\0') {
+			d->dc_ok = false;
+			d->dc_status = 503;
+			snprintf(d->dc_code, sizeof(d->dc_code), "%s",
+			    "no_available_workers");
+			snprintf(d->dc_message, sizeof(d->dc_message), "%s",
+			    "All workers are unavailable (circuit breaker "
+			    "open or unhealthy)");
+		}
+		return;
+	}
+	d->dc_status = pd->http_status != 0 ? (int)pd->http_status : 503;
+	snprintf(d->dc_code, sizeof(d->dc_code), "%s",
+	    pd->error_code != NULL && pd->error_code[0] != '\0'
+	        ? pd->error_code
+	        : "no_available_workers");
+	snprintf(d->dc_message, sizeof(d->dc_message), "%s",
+	    pd->error_message != NULL ? pd->error_message : "");
+	d->dc_terminal = pd->terminal;
+	d->dc_retry_after = pd->retry_after_secs;
+}
+
+static void
+decide_reply_cb(void *arg, int status, const uint8_t *reply, size_t len)
+{
+	struct decide_batch *b = arg;
+	Smg__BrokerReply *r = NULL;
+	Smg__DecisionBatch *db = NULL;
+	struct decision d;
+	struct decide_item *it;
+	const char *why = "";
+	size_t i;
+
+	if (status == 0) {
+		stats_observe("smg_broker_round_trip_seconds", "",
+		    ev_time() - b->db_sent);
+		if ((r = ipc_decode_broker(reply, len, &why)) != NULL &&
+		    r->body_case == SMG__BROKER_REPLY__BODY_DECISION_BATCH)
+			db = r->decision_batch;
+		else if (r != NULL)
+			why = r->body_case == SMG__BROKER_REPLY__BODY_ERROR &&
+			        r->error->code != NULL
+			    ? r->error->code
+			    : "unexpected reply";
+		if (db != NULL && db->n_decisions != b->db_n && b->db_n > 0) {
+			log_warnx("%s: %zu decisions for %zu requests",
+			    __func__, db->n_decisions, b->db_n);
+			db = NULL;
+			why = "count";
+		}
+		if (db == NULL && b->db_n > 0)
+			log_warnx("%s: bad broker reply: %s", __func__, why);
+	} else {
+		log_debug("%s: broker: %s", __func__, nng_strerror(status));
+		stats_add("smg_broker_errors_total",
+		    status == NNG_ETIMEDOUT ? "reason=\"timeout\""
+		                            : "reason=\"error\"",
+		    1);
+		if (status != NNG_ECLOSED)
+			decide_set_down(true);
+	}
+	for (i = 0; i < b->db_n; i++) {
+		if ((it = b->db_items[i]) == NULL)
+			continue;
+		it->di_batch = NULL;
+		b->db_items[i] = NULL;
+		if (status == NNG_ECLOSED)
+			continue;
+		if (db == NULL || db->decisions[i] == NULL) {
+			decide_local(it);
+			continue;
+		}
+		decide_from_proto(db->decisions[i], &d);
+		it->di_cb(it->di_arg, &d);
+	}
+	if (r != NULL)
+		smg__broker_reply__free_unpacked(r, NULL);
+	free(b);
+}
+
+static void
+decide_ping_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	Smg__FrontendMsg m = SMG__FRONTEND_MSG__INIT;
+	Smg__Ping p = SMG__PING__INIT;
+	uint8_t *buf;
+	size_t len;
+
+	(void)loop;
+	(void)w;
+	(void)revents;
+	if (decide_ping_pending)
+		return;
+	p.frontend_slot = (uint32_t)fe->fe_row;
+	p.pid = (int32_t)getpid();
+	m.version = IPC_VERSION;
+	m.body_case = SMG__FRONTEND_MSG__BODY_PING;
+	m.ping = &p;
+	if ((buf = ipc_pack_frontend(&m, &len)) == NULL)
+		return;
+	if (ipc_client_send(fe->fe_broker, buf, len, FE_BROKER_TIMEOUT_MS,
+	        decide_pong_cb, NULL) == 0)
+		decide_ping_pending = true;
+	free(buf);
+}
+
+static void
+decide_pong_cb(void *arg, int status, const uint8_t *reply, size_t len)
+{
+	Smg__BrokerReply *r;
+	const char *why;
+
+	(void)arg;
+	decide_ping_pending = false;
+	if (status != 0)
+		return;
+	if ((r = ipc_decode_broker(reply, len, &why)) == NULL)
+		return;
+	if (r->body_case == SMG__BROKER_REPLY__BODY_PONG)
+		decide_set_down(false);
+	smg__broker_reply__free_unpacked(r, NULL);
+}
+
+int
+decide_admin(Smg__AdminRequest *ar,
+    void (*cb)(void *arg, int status, const uint8_t *reply, size_t len),
+    void *arg)
+{
+	Smg__FrontendMsg m = SMG__FRONTEND_MSG__INIT;
+	uint8_t *buf;
+	size_t len;
+	int rv;
+
+	m.version = IPC_VERSION;
+	m.body_case = SMG__FRONTEND_MSG__BODY_ADMIN;
+	m.admin = ar;
+	if ((buf = ipc_pack_frontend(&m, &len)) == NULL)
+		return -1;
+	rv = ipc_client_send(fe->fe_broker, buf, len, FE_ADMIN_TIMEOUT_MS, cb,
+	    arg);
+	free(buf);
+	return rv;
+}

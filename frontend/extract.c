@@ -1,0 +1,826 @@
+/*
+ * extract.c: routing inputs from a parsed inference request: route, model,
+ * routing text or token ids (policies.md §1.6), keys and hints (§1.3, §5.1,
+ * §8.2), PD batch size, and the x-request-id.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include <cjson/cJSON.h>
+
+#include "frontend/extract.h"
+
+/* Routing text under construction. */
+struct tbuf {
+	char *tb_buf;
+	size_t tb_len;
+	size_t tb_cap;
+	bool tb_any; /* a piece was added (an empty one counts) */
+	bool tb_oom;
+};
+
+static int tb_reserve(struct tbuf *, size_t);
+static void tb_piece(struct tbuf *, const char *, size_t, bool);
+static void tb_string(struct tbuf *, const cJSON *, bool);
+static void tb_string_array(struct tbuf *, const cJSON *);
+static void text_chat(struct tbuf *, const cJSON *);
+static void text_messages(struct tbuf *, const cJSON *);
+static void text_responses(struct tbuf *, const cJSON *);
+static void text_blocks(struct tbuf *, const cJSON *, const char *const *);
+static int generate_tokens(const cJSON *, struct extract_inputs *,
+    struct tbuf *);
+static unsigned batch_size(enum extract_endpoint, const cJSON *, bool *);
+static int read_headers(const struct http_request *, const char *const *,
+    size_t, struct extract_inputs *);
+static const char *header_value(const struct http_request *, const char *,
+    size_t *);
+static bool visible_ascii(const char *, size_t);
+static char *dup_n(const char *, size_t);
+static bool has_suffix(const char *, const char *);
+static int fail(int *, const char **, char *, size_t, int, const char *,
+    const char *);
+
+static const struct {
+	const char *rt_path;
+	enum extract_endpoint rt_ep;
+} routes[] = {
+	{ "/generate", EXTRACT_EP_GENERATE },
+	{ "/v1/chat/completions", EXTRACT_EP_CHAT },
+	{ "/v1/completions", EXTRACT_EP_COMPLETIONS },
+	{ "/v1/embeddings", EXTRACT_EP_EMBEDDINGS },
+	{ "/v1/rerank", EXTRACT_EP_RERANK },
+	{ "/rerank", EXTRACT_EP_RERANK },
+	{ "/v1/classify", EXTRACT_EP_CLASSIFY },
+	{ "/v1/messages", EXTRACT_EP_MESSAGES },
+	{ "/v1/responses", EXTRACT_EP_RESPONSES },
+};
+
+static const char *const text_types[] = { "text", NULL };
+static const char *const response_text_types[] = { "input_text", "output_text",
+	"text", NULL };
+
+int
+extract_route(const char *path, enum extract_endpoint *out)
+{
+	size_t i;
+
+	for (i = 0; i < sizeof(routes) / sizeof(routes[0]); i++) {
+		if (strcmp(path, routes[i].rt_path) == 0) {
+			*out = routes[i].rt_ep;
+			return 0;
+		}
+	}
+	return -1;
+}
+
+const char *
+extract_endpoint_name(enum extract_endpoint ep)
+{
+	switch (ep) {
+	case EXTRACT_EP_GENERATE:
+		return "generate";
+	case EXTRACT_EP_CHAT:
+		return "chat";
+	case EXTRACT_EP_COMPLETIONS:
+		return "completions";
+	case EXTRACT_EP_EMBEDDINGS:
+		return "embeddings";
+	case EXTRACT_EP_RERANK:
+		return "rerank";
+	case EXTRACT_EP_CLASSIFY:
+		return "classify";
+	case EXTRACT_EP_MESSAGES:
+		return "messages";
+	case EXTRACT_EP_RESPONSES:
+		return "responses";
+	case EXTRACT_EP_OTHER:
+		break;
+	}
+	return "other";
+}
+
+int
+extract_inputs(enum extract_endpoint ep, const char *body, size_t len,
+    const struct http_request *req, const char *const *routing_key_headers,
+    size_t nkeys, bool routing_key_override, struct extract_inputs *out,
+    int *status, const char **code, char *msg, size_t msglen)
+{
+	const cJSON *model, *stream, *rid, *f;
+	const char *end = NULL, *ridp;
+	struct tbuf tb = { 0 };
+	size_t i, keep;
+
+	memset(out, 0, sizeof(*out));
+	out->ei_endpoint = ep;
+	out->ei_batch_n = 1;
+	out->ei_json = cJSON_ParseWithLengthOpts(body, len, &end, false);
+	if (out->ei_json == NULL)
+		return fail(status, code, msg, msglen, 400, "json_parse_error",
+		    "request body is not valid JSON");
+	for (i = (size_t)(end - body); i < len; i++) {
+		if (strchr(" \t\r\n", body[i]) == NULL || body[i] == '\0') {
+			extract_inputs_free(out);
+			return fail(status, code, msg, msglen, 400,
+			    "json_parse_error",
+			    "trailing characters after the JSON body");
+		}
+	}
+	if (!cJSON_IsObject(out->ei_json)) {
+		extract_inputs_free(out);
+		return fail(status, code, msg, msglen, 400, "invalid_request",
+		    "request body must be a JSON object");
+	}
+
+	model = cJSON_GetObjectItemCaseSensitive(out->ei_json, "model");
+	if (model != NULL && !cJSON_IsNull(model)) {
+		if (!cJSON_IsString(model)) {
+			extract_inputs_free(out);
+			return fail(status, code, msg, msglen, 422,
+			    "invalid_request", "\"model\" must be a string");
+		}
+		if ((out->ei_model = strdup(model->valuestring)) == NULL)
+			goto oom;
+	}
+	stream = cJSON_GetObjectItemCaseSensitive(out->ei_json, "stream");
+	if (stream != NULL && !cJSON_IsNull(stream)) {
+		if (!cJSON_IsBool(stream)) {
+			extract_inputs_free(out);
+			return fail(status, code, msg, msglen, 422,
+			    "invalid_request", "\"stream\" must be a boolean");
+		}
+		out->ei_stream = cJSON_IsTrue(stream);
+	}
+	rid = cJSON_GetObjectItemCaseSensitive(out->ei_json, "rid");
+	if (cJSON_IsArray(rid))
+		rid = cJSON_GetArrayItem(rid, 0);
+	if (rid != NULL && !cJSON_IsNull(rid)) {
+		if (!cJSON_IsString(rid)) {
+			extract_inputs_free(out);
+			return fail(status, code, msg, msglen, 422,
+			    "invalid_request",
+			    "\"rid\" must be a string or an array of strings");
+		}
+		ridp = rid->valuestring;
+		if ((out->ei_rid = strdup(ridp)) == NULL)
+			goto oom;
+		keep = extract_strip_lineage(ridp, strlen(ridp));
+		if (routing_key_override && keep > 0 &&
+		    keep <= EXTRACT_KEY_MAX &&
+		    (out->ei_rid_key = dup_n(ridp, keep)) == NULL)
+			goto oom;
+	}
+
+	if (read_headers(req, routing_key_headers, nkeys, out) == -1)
+		goto oom;
+
+	switch (ep) {
+	case EXTRACT_EP_GENERATE:
+		f = cJSON_GetObjectItemCaseSensitive(out->ei_json, "text");
+		if (f != NULL && !cJSON_IsNull(f)) {
+			if (cJSON_IsArray(f))
+				tb_string_array(&tb, f);
+			else
+				tb_string(&tb, f, false);
+		} else if (!out->ei_has_tokens &&
+		    generate_tokens(out->ei_json, out, &tb) == -1) {
+			goto oom;
+		}
+		break;
+	case EXTRACT_EP_CHAT:
+		text_chat(&tb, out->ei_json);
+		break;
+	case EXTRACT_EP_COMPLETIONS:
+		f = cJSON_GetObjectItemCaseSensitive(out->ei_json, "prompt");
+		if (cJSON_IsArray(f))
+			tb_string_array(&tb, f);
+		else
+			tb_string(&tb, f, false);
+		break;
+	case EXTRACT_EP_EMBEDDINGS:
+	case EXTRACT_EP_CLASSIFY:
+		f = cJSON_GetObjectItemCaseSensitive(out->ei_json, "input");
+		if (cJSON_IsArray(f))
+			tb_string_array(&tb, f);
+		else
+			tb_string(&tb, f, false);
+		break;
+	case EXTRACT_EP_RERANK:
+		tb_string(&tb,
+		    cJSON_GetObjectItemCaseSensitive(out->ei_json, "query"),
+		    false);
+		break;
+	case EXTRACT_EP_MESSAGES:
+		text_messages(&tb, out->ei_json);
+		break;
+	case EXTRACT_EP_RESPONSES:
+		text_responses(&tb, out->ei_json);
+		break;
+	case EXTRACT_EP_OTHER:
+		break;
+	}
+	if (tb.tb_oom)
+		goto oom;
+	out->ei_batch_n = batch_size(ep, out->ei_json, &out->ei_is_batch);
+	if (out->ei_has_tokens) {
+		free(tb.tb_buf);
+		out->ei_size = out->ei_ntokens;
+	} else if (tb.tb_any) {
+		if (tb.tb_buf == NULL && tb_reserve(&tb, 1) == -1)
+			goto oom;
+		out->ei_text = tb.tb_buf;
+		out->ei_text_len = tb.tb_len;
+		out->ei_has_text = true;
+		out->ei_size = extract_utf8_chars(tb.tb_buf, tb.tb_len);
+	}
+	return 0;
+oom:
+	free(tb.tb_buf);
+	extract_inputs_free(out);
+	return fail(status, code, msg, msglen, 503, "out_of_memory",
+	    "out of memory");
+}
+
+int
+extract_inputs_headers(enum extract_endpoint ep, const struct http_request *req,
+    const char *const *routing_key_headers, size_t nkeys,
+    struct extract_inputs *out)
+{
+	memset(out, 0, sizeof(*out));
+	out->ei_endpoint = ep;
+	out->ei_batch_n = 1;
+	if (read_headers(req, routing_key_headers, nkeys, out) == -1) {
+		extract_inputs_free(out);
+		return -1;
+	}
+	if (out->ei_has_tokens)
+		out->ei_size = out->ei_ntokens;
+	return 0;
+}
+
+void
+extract_inputs_free(struct extract_inputs *in)
+{
+	free(in->ei_model);
+	free(in->ei_text);
+	free(in->ei_tokens);
+	free(in->ei_rid);
+	free(in->ei_rid_key);
+	free(in->ei_routing_key);
+	free(in->ei_target_worker);
+	free(in->ei_implicit_key);
+	cJSON_Delete(in->ei_json);
+	memset(in, 0, sizeof(*in));
+}
+
+/* Strips "_<c><digits>" from the end of key[0..len) when present. */
+static size_t
+strip_suffix(const char *key, size_t len, char c)
+{
+	size_t i = len;
+
+	while (i > 0 && key[i - 1] >= '0' && key[i - 1] <= '9')
+		i--;
+	if (i == len || i < 2 || key[i - 1] != c || key[i - 2] != '_')
+		return len;
+	return i - 2;
+}
+
+size_t
+extract_strip_lineage(const char *key, size_t len)
+{
+	size_t n;
+
+	n = strip_suffix(key, len, 'r');
+	n = strip_suffix(key, n, 't');
+	return n == 0 ? len : n;
+}
+
+long
+extract_routing_tokens(const char *value, size_t len, uint32_t **out)
+{
+	uint32_t ids[EXTRACT_ROUTING_TOKENS_MAX];
+	size_t i = 0, n = 0, start;
+	uint64_t v;
+
+	*out = NULL;
+	if (len == 0 || len > EXTRACT_ROUTING_TOKENS_BYTES)
+		return 0;
+	for (;;) {
+		start = i;
+		v = 0;
+		while (i < len && value[i] >= '0' && value[i] <= '9') {
+			v = v * 10 + (uint64_t)(value[i] - '0');
+			if (v > UINT32_MAX)
+				return 0;
+			i++;
+		}
+		if (i == start || n == EXTRACT_ROUTING_TOKENS_MAX)
+			return 0;
+		ids[n++] = (uint32_t)v;
+		if (i == len)
+			break;
+		if (value[i] != ',')
+			return 0;
+		i++;
+	}
+	if ((*out = malloc(n * sizeof(**out))) == NULL)
+		return -1;
+	memcpy(*out, ids, n * sizeof(**out));
+	return (long)n;
+}
+
+bool
+extract_utf8_valid(const char *str, size_t len)
+{
+	const unsigned char *s = (const unsigned char *)str;
+	size_t i = 0, n, k;
+	uint32_t cp;
+
+	while (i < len) {
+		if (s[i] < 0x80) {
+			i++;
+			continue;
+		}
+		if (s[i] >= 0xc2 && s[i] <= 0xdf) {
+			n = 1;
+			cp = s[i] & 0x1f;
+		} else if (s[i] >= 0xe0 && s[i] <= 0xef) {
+			n = 2;
+			cp = s[i] & 0x0f;
+		} else if (s[i] >= 0xf0 && s[i] <= 0xf4) {
+			n = 3;
+			cp = s[i] & 0x07;
+		} else {
+			return false;
+		}
+		if (len - i - 1 < n)
+			return false;
+		for (k = 1; k <= n; k++) {
+			if ((s[i + k] & 0xc0) != 0x80)
+				return false;
+			cp = (cp << 6) | (s[i + k] & 0x3f);
+		}
+		if ((n == 2 && cp < 0x800) || (n == 3 && cp < 0x10000) ||
+		    cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+			return false;
+		i += n + 1;
+	}
+	return true;
+}
+
+size_t
+extract_utf8_chars(const char *s, size_t len)
+{
+	size_t i, n = 0;
+
+	for (i = 0; i < len; i++)
+		if (((unsigned char)s[i] & 0xc0) != 0x80)
+			n++;
+	return n;
+}
+
+void
+extract_request_id(const struct http_request *req,
+    const char *const *id_headers, size_t nids, const char *path, char *out,
+    size_t outlen)
+{
+	static const char alnum[] = "0123456789"
+	                            "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+	                            "abcdefghijklmnopqrstuvwxyz";
+	unsigned char rnd[24];
+	const char *v, *prefix;
+	size_t i, vlen, plen;
+
+	if (outlen == 0)
+		return;
+	for (i = 0; req != NULL && i < nids; i++) {
+		v = header_value(req, id_headers[i], &vlen);
+		if (v == NULL || vlen == 0 || vlen > EXTRACT_REQUEST_ID_MAX ||
+		    vlen >= outlen || !visible_ascii(v, vlen))
+			continue;
+		memcpy(out, v, vlen);
+		out[vlen] = '\0';
+		return;
+	}
+	if (path == NULL)
+		prefix = "req-";
+	else if (has_suffix(path, "/chat/completions"))
+		prefix = "chatcmpl-";
+	else if (has_suffix(path, "/completions"))
+		prefix = "cmpl-";
+	else if (has_suffix(path, "/generate"))
+		prefix = "gnt-";
+	else if (has_suffix(path, "/responses"))
+		prefix = "resp-";
+	else if (has_suffix(path, "/messages"))
+		prefix = "msg_";
+	else
+		prefix = "req-";
+	plen = strlen(prefix);
+	if (plen >= outlen)
+		plen = outlen - 1;
+	memcpy(out, prefix, plen);
+	arc4random_buf(rnd, sizeof(rnd));
+	for (i = 0; i < sizeof(rnd) && plen + i + 1 < outlen; i++)
+		out[plen + i] = alnum[rnd[i] % (sizeof(alnum) - 1)];
+	out[plen + i] = '\0';
+}
+
+/* ---------------------------------------------------------- routing text */
+
+static int
+tb_reserve(struct tbuf *tb, size_t more)
+{
+	size_t cap;
+	char *p;
+
+	if (tb->tb_oom)
+		return -1;
+	if (tb->tb_len + more + 1 <= tb->tb_cap)
+		return 0;
+	cap = tb->tb_cap ? tb->tb_cap : 256;
+	while (cap < tb->tb_len + more + 1)
+		cap *= 2;
+	if ((p = realloc(tb->tb_buf, cap)) == NULL) {
+		tb->tb_oom = true;
+		return -1;
+	}
+	tb->tb_buf = p;
+	tb->tb_cap = cap;
+	if (tb->tb_len == 0)
+		p[0] = '\0';
+	return 0;
+}
+
+/*
+ * Adds one piece, separated from the previous ones by a single space. With
+ * skip_empty an empty piece adds nothing at all; otherwise it still takes
+ * its place in the join (so ["a","","b"] gives "a  b").
+ */
+static void
+tb_piece(struct tbuf *tb, const char *s, size_t n, bool skip_empty)
+{
+	bool sep;
+
+	if (n == 0 && skip_empty)
+		return;
+	sep = tb->tb_any;
+	if (tb_reserve(tb, n + 1) == -1)
+		return;
+	if (sep)
+		tb->tb_buf[tb->tb_len++] = ' ';
+	memcpy(tb->tb_buf + tb->tb_len, s, n);
+	tb->tb_len += n;
+	tb->tb_buf[tb->tb_len] = '\0';
+	tb->tb_any = true;
+}
+
+static void
+tb_string(struct tbuf *tb, const cJSON *item, bool skip_empty)
+{
+	if (cJSON_IsString(item))
+		tb_piece(tb, item->valuestring, strlen(item->valuestring),
+		    skip_empty);
+}
+
+/* String elements joined by one space; other elements skipped. */
+static void
+tb_string_array(struct tbuf *tb, const cJSON *arr)
+{
+	const cJSON *e;
+
+	cJSON_ArrayForEach(e, arr)
+	{
+		tb_string(tb, e, false);
+	}
+}
+
+/* A content value: a string, or an array of blocks whose "type" is one of
+ * types, each contributing its "text". Empty pieces are skipped. */
+static void
+text_blocks(struct tbuf *tb, const cJSON *content, const char *const *types)
+{
+	const cJSON *part, *type;
+	size_t i;
+
+	if (cJSON_IsString(content)) {
+		tb_string(tb, content, true);
+		return;
+	}
+	cJSON_ArrayForEach(part, content)
+	{
+		type = cJSON_GetObjectItemCaseSensitive(part, "type");
+		if (!cJSON_IsString(type))
+			continue;
+		for (i = 0; types[i] != NULL; i++)
+			if (strcmp(type->valuestring, types[i]) == 0)
+				break;
+		if (types[i] != NULL)
+			tb_string(tb,
+			    cJSON_GetObjectItemCaseSensitive(part, "text"),
+			    true);
+	}
+}
+
+static void
+text_chat(struct tbuf *tb, const cJSON *root)
+{
+	const cJSON *msgs, *m;
+
+	msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
+	if (!cJSON_IsArray(msgs))
+		return;
+	cJSON_ArrayForEach(m, msgs)
+	{
+		if (!cJSON_IsObject(m))
+			continue;
+		text_blocks(tb, cJSON_GetObjectItemCaseSensitive(m, "content"),
+		    text_types);
+		tb_string(tb,
+		    cJSON_GetObjectItemCaseSensitive(m, "reasoning_content"),
+		    true);
+	}
+}
+
+static void
+text_messages(struct tbuf *tb, const cJSON *root)
+{
+	const cJSON *msgs, *m;
+
+	text_blocks(tb, cJSON_GetObjectItemCaseSensitive(root, "system"),
+	    text_types);
+	msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
+	if (!cJSON_IsArray(msgs))
+		return;
+	cJSON_ArrayForEach(m, msgs)
+	{
+		if (cJSON_IsObject(m))
+			text_blocks(tb,
+			    cJSON_GetObjectItemCaseSensitive(m, "content"),
+			    text_types);
+	}
+}
+
+/* input: a string, or items; message items (type "message", or no type
+ * with a role) contribute their content's text parts. */
+static void
+text_responses(struct tbuf *tb, const cJSON *root)
+{
+	const cJSON *input, *item, *type;
+
+	input = cJSON_GetObjectItemCaseSensitive(root, "input");
+	if (cJSON_IsString(input)) {
+		tb_string(tb, input, false);
+		return;
+	}
+	cJSON_ArrayForEach(item, input)
+	{
+		if (!cJSON_IsObject(item))
+			continue;
+		type = cJSON_GetObjectItemCaseSensitive(item, "type");
+		if (type != NULL
+		        ? !(cJSON_IsString(type) &&
+		              strcmp(type->valuestring, "message") == 0)
+		        : !cJSON_HasObjectItem(item, "role"))
+			continue;
+		text_blocks(tb,
+		    cJSON_GetObjectItemCaseSensitive(item, "content"),
+		    response_text_types);
+	}
+}
+
+/* A JSON number that is an integer in u32 range. */
+static bool
+json_u32(const cJSON *e, uint32_t *v)
+{
+	double d;
+
+	if (!cJSON_IsNumber(e))
+		return false;
+	d = e->valuedouble;
+	if (!(d >= 0 && d <= 4294967295.0) || d != (double)(uint64_t)d)
+		return false;
+	*v = (uint32_t)d;
+	return true;
+}
+
+/*
+ * /generate input_ids: a list of ids, or a batch of lists. The first
+ * sequence becomes the routing tokens; when it is empty but the batch has
+ * ids, the flattened ids rendered in decimal become the routing text. Any id
+ * that is not a u32 makes input_ids unusable for routing (the worker will
+ * judge the request).
+ */
+static int
+generate_tokens(const cJSON *root, struct extract_inputs *out, struct tbuf *tb)
+{
+	const cJSON *ids, *first, *seq, *e;
+	size_t n, i = 0;
+	uint32_t v;
+	char num[16];
+
+	ids = cJSON_GetObjectItemCaseSensitive(root, "input_ids");
+	if (!cJSON_IsArray(ids))
+		return 0;
+	first = cJSON_GetArrayItem(ids, 0);
+	if (first == NULL)
+		return 0;
+	if (cJSON_IsArray(first)) {
+		cJSON_ArrayForEach(seq, ids)
+		{
+			if (!cJSON_IsArray(seq))
+				return 0;
+			cJSON_ArrayForEach(e, seq)
+			{
+				if (!json_u32(e, &v))
+					return 0;
+			}
+		}
+	} else {
+		cJSON_ArrayForEach(e, ids)
+		{
+			if (!json_u32(e, &v))
+				return 0;
+		}
+		first = ids;
+	}
+	n = (size_t)cJSON_GetArraySize(first);
+	if (n > 0) {
+		if ((out->ei_tokens = malloc(n * sizeof(uint32_t))) == NULL)
+			return -1;
+		cJSON_ArrayForEach(e, first)
+		{
+			json_u32(e, &out->ei_tokens[i++]);
+		}
+		out->ei_ntokens = n;
+		out->ei_has_tokens = true;
+		return 0;
+	}
+	cJSON_ArrayForEach(seq, ids)
+	{
+		cJSON_ArrayForEach(e, seq)
+		{
+			json_u32(e, &v);
+			snprintf(num, sizeof(num), "%u", v);
+			tb_piece(tb, num, strlen(num), false);
+		}
+	}
+	return 0;
+}
+
+/* PD batch size of gateway.md §11.2. */
+static unsigned
+batch_size(enum extract_endpoint ep, const cJSON *root, bool *is_batch)
+{
+	const cJSON *f, *first;
+	double n;
+
+	*is_batch = false;
+	switch (ep) {
+	case EXTRACT_EP_GENERATE:
+		f = cJSON_GetObjectItemCaseSensitive(root, "text");
+		if (cJSON_IsArray(f)) {
+			*is_batch = true;
+			return (unsigned)cJSON_GetArraySize(f);
+		}
+		if (f != NULL && !cJSON_IsNull(f))
+			return 1;
+		f = cJSON_GetObjectItemCaseSensitive(root, "input_ids");
+		first = cJSON_GetArrayItem(f, 0);
+		if (cJSON_IsArray(f) && cJSON_IsArray(first)) {
+			*is_batch = true;
+			return (unsigned)cJSON_GetArraySize(f);
+		}
+		return 1;
+	case EXTRACT_EP_COMPLETIONS:
+		f = cJSON_GetObjectItemCaseSensitive(root, "prompt");
+		first = cJSON_GetArrayItem(f, 0);
+		if (cJSON_IsArray(f) &&
+		    (cJSON_IsString(first) || cJSON_IsArray(first))) {
+			*is_batch = true;
+			return (unsigned)cJSON_GetArraySize(f);
+		}
+		return 1;
+	case EXTRACT_EP_CHAT:
+		f = cJSON_GetObjectItemCaseSensitive(root, "n");
+		if (!cJSON_IsNumber(f))
+			return 1;
+		n = f->valuedouble;
+		if (n > 1 && n <= 65536 && n == (double)(unsigned)n) {
+			*is_batch = true;
+			return (unsigned)n;
+		}
+		return 1;
+	default:
+		return 1;
+	}
+}
+
+/* ------------------------------------------------------------- headers */
+
+static const char *
+header_value(const struct http_request *req, const char *name, size_t *len)
+{
+	const struct http_header *h;
+
+	if (req == NULL || (h = http_request_header(req, name)) == NULL)
+		return NULL;
+	*len = h->hh_value_len;
+	return h->hh_value;
+}
+
+static int
+read_headers(const struct http_request *req, const char *const *keys,
+    size_t nkeys, struct extract_inputs *out)
+{
+	static const char *const implicit[] = { "authorization",
+		"x-forwarded-for", "cookie" };
+	const char *v;
+	size_t i, len;
+	long n;
+
+	if (req == NULL)
+		return 0;
+	v = header_value(req, "x-smg-routing-tokens", &len);
+	if (v != NULL) {
+		if ((n = extract_routing_tokens(v, len, &out->ei_tokens)) == -1)
+			return -1;
+		if (n > 0) {
+			out->ei_ntokens = (size_t)n;
+			out->ei_has_tokens = true;
+			out->ei_tokens_from_header = true;
+		}
+	}
+	for (i = 0; i < nkeys; i++) {
+		v = header_value(req, keys[i], &len);
+		if (v == NULL || len == 0 || len > EXTRACT_KEY_MAX ||
+		    !extract_utf8_valid(v, len))
+			continue;
+		if ((out->ei_routing_key = dup_n(v, len)) == NULL)
+			return -1;
+		break;
+	}
+	v = header_value(req, "x-smg-target-worker", &len);
+	if (v != NULL && len > 0 && visible_ascii(v, len)) {
+		if ((out->ei_target_worker = dup_n(v, len)) == NULL)
+			return -1;
+		out->ei_has_target_worker = true;
+	}
+	for (i = 0; i < sizeof(implicit) / sizeof(implicit[0]); i++) {
+		if ((v = header_value(req, implicit[i], &len)) == NULL)
+			continue;
+		/* Only the first present header counts, valid or not. */
+		if (len > 0 && visible_ascii(v, len)) {
+			if ((out->ei_implicit_key = dup_n(v, len)) == NULL)
+				return -1;
+			out->ei_has_implicit_key = true;
+		}
+		break;
+	}
+	return 0;
+}
+
+/* Visible ASCII, SP and HT: what a header value may be read as text. */
+static bool
+visible_ascii(const char *s, size_t n)
+{
+	size_t i;
+
+	for (i = 0; i < n; i++)
+		if (!((s[i] >= 0x20 && s[i] < 0x7f) || s[i] == '\t'))
+			return false;
+	return true;
+}
+
+static char *
+dup_n(const char *s, size_t n)
+{
+	char *p;
+
+	if ((p = malloc(n + 1)) == NULL)
+		return NULL;
+	memcpy(p, s, n);
+	p[n] = '\0';
+	return p;
+}
+
+static bool
+has_suffix(const char *s, const char *suffix)
+{
+	size_t n = strlen(s), m = strlen(suffix);
+
+	return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+static int
+fail(int *status, const char **code, char *msg, size_t msglen, int st,
+    const char *c, const char *text)
+{
+	*status = st;
+	*code = c;
+	if (msglen > 0)
+		snprintf(msg, msglen, "%s", text);
+	return -1;
+}

@@ -1,0 +1,302 @@
+/*
+ * frontend.h: private header of smg-frontend, one section per file.
+ *
+ * The frontend is single-threaded: everything here runs on the process's
+ * one libev loop (nng's threads stay inside shared/ipc.c). struct frontend
+ * is the process state, reached through the global `fe` set up by main.c.
+ */
+#ifndef FRONTEND_FRONTEND_H
+#define FRONTEND_FRONTEND_H
+
+#include <sys/queue.h>
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <ev.h>
+
+#include "ipc.pb-c.h"
+
+#include "frontend/extract.h"
+#include "frontend/upstream.h"
+#include "shared/config.h"
+#include "shared/http.h"
+#include "shared/metrics.h"
+#include "shared/shm.h"
+
+#define FE_IN_BUF            16384 /* client read buffer per connection */
+#define FE_OUT_HIGH          (256 * 1024) /* pause the worker above this */
+#define FE_OUT_LOW           (64 * 1024) /* resume it below this */
+#define FE_MAX_CONNS         16384
+#define FE_HEADER_TIMEOUT    30.0 /* request head must arrive within */
+#define FE_IDLE_TIMEOUT      75.0 /* keep-alive idle connection */
+#define FE_BROKER_TIMEOUT_MS 250 /* one decision batch round trip */
+#define FE_ADMIN_TIMEOUT_MS  10000 /* worker API through the broker */
+#define FE_OUTCOME_FLUSH     0.05 /* outcomes wait at most this long */
+#define FE_PING_INTERVAL     0.25 /* broker probe while it is down */
+#define FE_HEARTBEAT         0.25
+#define FE_MAX_EXCLUDE       16
+#define FE_POLICY_MAX        32
+#define FE_CODE_MAX          48
+#define FE_MSG_MAX           256
+#define FE_FANOUT_BODY_MAX   (1024 * 1024)
+
+struct conn;
+struct req;
+
+/* Which listener accepted a connection, hence which routes it serves. */
+enum listener_kind {
+	LISTENER_MAIN = 0,
+	LISTENER_METRICS,
+	LISTENER_HEALTH,
+};
+
+/* The process state; read-mostly after startup. */
+struct frontend {
+	struct ev_loop *fe_loop;
+	const struct config *fe_cf;
+	struct shm *fe_shm;
+	int fe_row;
+	struct upstream *fe_up;
+	struct ipc_client *fe_broker;
+	struct tls_ctx *fe_tls; /* server side, NULL: plain HTTP */
+	struct http_limits fe_limits;
+	char fe_broker_url[512];
+	bool fe_draining;
+	unsigned fe_nconns;
+	unsigned fe_nbusy; /* connections with a request in progress */
+};
+
+extern struct frontend *fe;
+
+/* ---------------------------------------------------------- listener.c */
+
+/*
+ * Binds host:port with SO_REUSEPORT (so every frontend shares the port)
+ * and accepts into conn_accept. Returns 0, or -1 (logged).
+ */
+int listener_open(const char *host, long port, enum listener_kind kind);
+/* Stops accepting on every listener and closes them (shutdown). */
+void listener_close_all(void);
+
+/* ---------------------------------------------------------- conn.c */
+
+/*
+ * A request handler attached to a busy connection. on_gone runs (from the
+ * loop, never from inside a conn_* call made by the handler) when the
+ * client went away before conn_request_done: the handler drops every use
+ * of the connection and of the request. on_drained runs when the pending
+ * output fell below FE_OUT_LOW after having exceeded FE_OUT_HIGH.
+ */
+struct conn_handler {
+	void (*ch_gone)(void *arg);
+	void (*ch_drained)(void *arg);
+};
+
+/* Takes the accepted non-blocking fd (closed on any failure). */
+void conn_accept(int fd, enum listener_kind kind);
+/* Closes idle connections and marks the others to close after their
+ * current response (shutdown). */
+void conn_drain_all(void);
+
+void conn_set_handler(struct conn *c, const struct conn_handler *h, void *arg);
+/* The output buffer; append the response, then conn_flush. */
+struct http_out *conn_out(struct conn *c);
+void conn_flush(struct conn *c);
+/* Response bytes not yet written to the socket. */
+size_t conn_pending(const struct conn *c);
+/* Whether the response being written may keep the connection open. */
+bool conn_keep_alive(const struct conn *c);
+/* Forces "Connection: close" semantics for the current response. */
+void conn_set_close(struct conn *c);
+/* The client's HTTP minor version (chunked responses need 1). */
+unsigned conn_http_minor(const struct conn *c);
+enum listener_kind conn_kind(const struct conn *c);
+/*
+ * The current response is fully appended. The connection goes on with the
+ * next (pipelined) request or closes; the handler must not touch c or the
+ * request afterwards.
+ */
+void conn_request_done(struct conn *c);
+/* The response cannot be completed (worker failed mid-body): closes the
+ * connection once the pending output is written. Same rule as above. */
+void conn_request_abort(struct conn *c);
+
+/* Complete responses; both end the request (conn_request_done). */
+void conn_respond(struct conn *c, int status, const char *content_type,
+    const char *body, size_t len, const char *request_id);
+void conn_error(struct conn *c, int status, const char *code,
+    const char *message, const char *request_id, int retry_after_secs);
+
+/* ---------------------------------------------------------- hdr.c */
+
+/* Hop-by-hop response headers of gateway.md §3.4 (never relayed). */
+bool hdr_is_hop_by_hop(const char *name, size_t len);
+/* Client request headers forwarded to workers (gateway.md §3.4). */
+bool hdr_is_forwarded(const char *name, size_t len);
+
+#define HDR_UPSTREAM_MAX 24
+
+/*
+ * The header list sent to a worker: the forwarded client headers (minus
+ * x-request-id, replaced by request_id), authorization (the client's, else
+ * "Bearer <worker_api_key>" when that is not empty, formatted into
+ * authbuf), x-request-id and content-type: application/json when
+ * json_body. Pointers borrow req, request_id and authbuf. Returns the count
+ * written to out (at most max).
+ */
+size_t hdr_upstream(const struct http_request *req, const char *request_id,
+    const char *worker_api_key, bool json_body, char *authbuf, size_t authlen,
+    struct upstream_header *out, size_t max);
+
+/*
+ * Appends the relayed response head: status line, the worker's headers
+ * minus hop-by-hop ones (and minus content-length unless keep_length, and
+ * minus content-type when streaming, and minus x-request-id), then
+ * x-request-id, x-smg-routed-worker-id (when worker_url), content-type
+ * text/event-stream when streaming, the framing (content-length kept,
+ * "transfer-encoding: chunked" when chunked), and Connection.
+ */
+void hdr_response_head(struct http_out *o, int status,
+    const struct upstream_header *h, size_t n, bool keep_length, bool streaming,
+    bool chunked, const char *request_id, const char *worker_url,
+    bool keep_alive);
+
+/* The value of a response header (any case) or NULL. */
+const struct upstream_header *hdr_find(const struct upstream_header *h,
+    size_t n, const char *name);
+
+/* ---------------------------------------------------------- retry.c */
+
+struct retry_policy {
+	unsigned rp_max_attempts; /* total, >= 1 */
+	long rp_initial_ms;
+	long rp_max_ms;
+	double rp_multiplier;
+	double rp_jitter;
+};
+
+void retry_policy_from_config(struct retry_policy *rp, const struct config *cf);
+/*
+ * Backoff after failed attempt `attempt` (0-based), gateway.md §7.1:
+ * d = min(trunc(initial * multiplier^attempt), max), then
+ * max(0, d + round(d * u)) with u = jitter * unit, unit in [-1, 1].
+ */
+long retry_backoff_ms(const struct retry_policy *rp, unsigned attempt,
+    double unit);
+/* A uniform draw in [-1, 1] for retry_backoff_ms. */
+double retry_unit(void);
+/* {408, 429, 500, 502, 503, 504}. */
+bool retry_status_retryable(int status);
+
+/* ---------------------------------------------------------- fallback.c */
+
+/* A routing decision, from the broker or made locally. */
+struct decision {
+	bool dc_ok;
+	bool dc_fallback; /* made locally */
+	unsigned dc_slot;
+	uint32_t dc_generation;
+	char dc_url[SHM_URL_MAX];
+	char dc_model[SHM_MODEL_MAX];
+	char dc_policy[FE_POLICY_MAX];
+	char dc_api_key[SHM_KEY_MAX];
+	uint32_t dc_worker_type;
+	int dc_status; /* error: 404, 503, ... */
+	char dc_code[FE_CODE_MAX];
+	char dc_message[FE_MSG_MAX];
+	bool dc_terminal;
+	unsigned dc_retry_after;
+};
+
+/*
+ * Local fallback (DESIGN.md): least in-flight among the available workers
+ * (in use, Ready, breaker not Open, not overloaded, HTTP, of worker_type)
+ * of the model in the shm table; model NULL, "" or "unknown" takes every
+ * worker; aliases resolve through cf. Slots in exclude are avoided when
+ * another candidate remains. Ties are broken at random. Fills d: 404
+ * model_not_found when no worker serves the model, 503
+ * no_available_workers when none is available.
+ */
+void fallback_select(struct shm *shm, const struct config *cf,
+    const char *model, uint32_t worker_type, const uint32_t *exclude,
+    size_t nexclude, struct decision *d);
+/* Fills d from the shm slot (url, api key, type); -1 if the slot is no
+ * longer the one decided (free or another generation). */
+int fallback_fill_worker(struct shm *shm, unsigned slot, uint32_t generation,
+    struct decision *d);
+/* Resolves --model-alias; returns model itself when it is no alias. */
+const char *fallback_canonical(const struct config *cf, const char *model);
+/* The first Ready worker (registration order) of type regular; -1 none. */
+int fallback_first_ready(struct shm *shm, struct shm_worker *out,
+    unsigned *slot);
+
+/* ---------------------------------------------------------- decide.c */
+
+typedef void (*decide_cb)(void *arg, const struct decision *d);
+
+/* One routing question; embedded in its requester. */
+struct decide_item {
+	const struct extract_inputs *di_in;
+	unsigned di_attempt;
+	const uint32_t *di_exclude;
+	size_t di_nexclude;
+	decide_cb di_cb;
+	void *di_arg;
+	/* private */
+	bool di_queued;
+	void *di_batch;
+	size_t di_index;
+	TAILQ_ENTRY(decide_item) di_link;
+};
+
+void decide_init(void);
+void decide_shutdown(void);
+/*
+ * Queues a routing question; every question queued during one loop turn
+ * travels in one RouteBatch. di_cb runs later (never inside this call),
+ * with the broker's decision or, when the broker is unreachable, the local
+ * fallback's.
+ */
+void decide_submit(struct decide_item *it);
+/* Withdraws a question whose answer is no longer wanted; no callback. */
+void decide_cancel(struct decide_item *it);
+/* Queues an attempt's outcome for the broker's circuit breaker. */
+void decide_outcome(unsigned slot, uint32_t generation, int http_status,
+    bool transport_error);
+/* Sends an admin request; cb gets the packed BrokerReply or an error. */
+int decide_admin(Smg__AdminRequest *ar,
+    void (*cb)(void *arg, int status, const uint8_t *reply, size_t len),
+    void *arg);
+
+/* ---------------------------------------------------------- stats.c */
+
+/*
+ * Metric series of this process, registered on first use and cached
+ * locally (no scan of the shm table per request). labels may be "".
+ */
+void stats_init(void);
+void stats_add(const char *family, const char *labels, int64_t delta);
+void stats_observe(const char *family, const char *labels, double seconds);
+
+/* ---------------------------------------------------------- proxy.c */
+
+/* Starts the inference path for a complete request on route ep. */
+void proxy_start(struct conn *c, const struct http_request *hr,
+    enum extract_endpoint ep, const char *request_id);
+/* Relays method+path of hr to one given worker (no retries). */
+void proxy_fixed(struct conn *c, const struct http_request *hr,
+    const struct shm_worker *w, unsigned slot, const char *request_id);
+
+/* ---------------------------------------------------------- local.c */
+
+/* Routes one complete request read on a connection of that kind. */
+void local_route(struct conn *c, const struct http_request *hr,
+    enum listener_kind kind);
+/* Metric path label of a request path (bounded set). */
+const char *local_path_label(const char *path);
+/* Counts smg_http_responses_total for a finished request. */
+void local_count_response(const struct http_request *hr, int status);
+
+#endif /* FRONTEND_FRONTEND_H */

@@ -1,0 +1,201 @@
+/*
+ * hdr.c: which headers cross the gateway (gateway.md §3.4): the client
+ * headers forwarded to a worker, and the worker response head relayed to
+ * the client with the gateway's own headers added.
+ */
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+#include "frontend/frontend.h"
+
+static bool hdr_eq(const char *, size_t, const char *);
+static bool hdr_value_ok(const char *, size_t);
+static bool hdr_name_ok(const char *, size_t);
+
+static const char *const hdr_hop[] = {
+	"connection",
+	"keep-alive",
+	"proxy-authenticate",
+	"proxy-authorization",
+	"te",
+	"trailers",
+	"trailer",
+	"transfer-encoding",
+	"upgrade",
+	"content-encoding",
+	"host",
+};
+
+static const char *const hdr_fwd[] = {
+	"authorization",
+	"x-request-id",
+	"x-correlation-id",
+	"traceparent",
+	"tracestate",
+	"x-smg-routing-key",
+};
+
+static bool
+hdr_eq(const char *name, size_t len, const char *lit)
+{
+	return strlen(lit) == len && strncasecmp(name, lit, len) == 0;
+}
+
+static bool
+hdr_value_ok(const char *v, size_t len)
+{
+	size_t i;
+
+	for (i = 0; i < len; i++)
+		if (v[i] == '\r' || v[i] == '\n' || v[i] == '\0')
+			return false;
+	return true;
+}
+
+static bool
+hdr_name_ok(const char *nm, size_t len)
+{
+	static const char tchar[] = "!#$%&'*+-.^_`|~";
+	size_t i;
+	unsigned char ch;
+
+	if (len == 0)
+		return false;
+	for (i = 0; i < len; i++) {
+		ch = (unsigned char)nm[i];
+		if (!((ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'z') ||
+		        (ch >= 'A' && ch <= 'Z') ||
+		        (ch != 0 && strchr(tchar, ch) != NULL)))
+			return false;
+	}
+	return true;
+}
+
+bool
+hdr_is_hop_by_hop(const char *name, size_t len)
+{
+	size_t i;
+
+	for (i = 0; i < sizeof(hdr_hop) / sizeof(hdr_hop[0]); i++)
+		if (hdr_eq(name, len, hdr_hop[i]))
+			return true;
+	return false;
+}
+
+bool
+hdr_is_forwarded(const char *name, size_t len)
+{
+	static const char prefix[] = "x-request-id-";
+	size_t i;
+
+	for (i = 0; i < sizeof(hdr_fwd) / sizeof(hdr_fwd[0]); i++)
+		if (hdr_eq(name, len, hdr_fwd[i]))
+			return true;
+	return len > sizeof(prefix) - 1 &&
+	    strncasecmp(name, prefix, sizeof(prefix) - 1) == 0;
+}
+
+size_t
+hdr_upstream(const struct http_request *req, const char *request_id,
+    const char *worker_api_key, bool json_body, char *authbuf, size_t authlen,
+    struct upstream_header *out, size_t max)
+{
+	size_t i, n = 0;
+	bool have_auth = false;
+	int w;
+
+	for (i = 0; req != NULL && i < req->hr_nheaders && n < max; i++) {
+		const struct http_header *h = &req->hr_headers[i];
+
+		if (!hdr_is_forwarded(h->hh_name, h->hh_name_len))
+			continue;
+		if (hdr_eq(h->hh_name, h->hh_name_len, "x-request-id"))
+			continue;
+		if (hdr_eq(h->hh_name, h->hh_name_len, "authorization")) {
+			if (have_auth)
+				continue;
+			have_auth = true;
+		}
+		out[n].uh_name = h->hh_name;
+		out[n].uh_name_len = h->hh_name_len;
+		out[n].uh_value = h->hh_value;
+		out[n].uh_value_len = h->hh_value_len;
+		n++;
+	}
+	if (!have_auth && worker_api_key != NULL && worker_api_key[0] != '\0' &&
+	    n < max) {
+		w = snprintf(authbuf, authlen, "Bearer %s", worker_api_key);
+		if (w > 0 && (size_t)w < authlen) {
+			out[n].uh_name = "authorization";
+			out[n].uh_name_len = strlen("authorization");
+			out[n].uh_value = authbuf;
+			out[n].uh_value_len = (size_t)w;
+			n++;
+		}
+	}
+	if (request_id != NULL && n < max) {
+		out[n].uh_name = "x-request-id";
+		out[n].uh_name_len = strlen("x-request-id");
+		out[n].uh_value = request_id;
+		out[n].uh_value_len = strlen(request_id);
+		n++;
+	}
+	if (json_body && n < max) {
+		out[n].uh_name = "content-type";
+		out[n].uh_name_len = strlen("content-type");
+		out[n].uh_value = "application/json";
+		out[n].uh_value_len = strlen("application/json");
+		n++;
+	}
+	return n;
+}
+
+const struct upstream_header *
+hdr_find(const struct upstream_header *h, size_t n, const char *name)
+{
+	size_t i;
+
+	for (i = 0; i < n; i++)
+		if (hdr_eq(h[i].uh_name, h[i].uh_name_len, name))
+			return &h[i];
+	return NULL;
+}
+
+void
+hdr_response_head(struct http_out *o, int status,
+    const struct upstream_header *h, size_t n, bool keep_length, bool streaming,
+    bool chunked, const char *request_id, const char *worker_url,
+    bool keep_alive)
+{
+	size_t i;
+
+	http_out_status(o, status);
+	for (i = 0; i < n; i++) {
+		const char *nm = h[i].uh_name;
+		size_t nl = h[i].uh_name_len;
+
+		if (hdr_is_hop_by_hop(nm, nl) ||
+		    hdr_eq(nm, nl, "x-request-id") ||
+		    hdr_eq(nm, nl, "x-smg-routed-worker-id") ||
+		    (!keep_length && hdr_eq(nm, nl, "content-length")) ||
+		    (streaming && hdr_eq(nm, nl, "content-type")))
+			continue;
+		/* The writer refuses CR, LF and NUL and then fails the
+		 * whole buffer: drop such a header instead. */
+		if (!hdr_value_ok(h[i].uh_value, h[i].uh_value_len) ||
+		    !hdr_name_ok(nm, nl))
+			continue;
+		http_out_header_n(o, nm, nl, h[i].uh_value, h[i].uh_value_len);
+	}
+	if (request_id != NULL)
+		http_out_header(o, "x-request-id", request_id);
+	if (worker_url != NULL)
+		http_out_header(o, "x-smg-routed-worker-id", worker_url);
+	if (streaming)
+		http_out_header(o, "content-type", "text/event-stream");
+	if (chunked)
+		http_out_header(o, "transfer-encoding", "chunked");
+	http_out_header(o, "connection", keep_alive ? "keep-alive" : "close");
+	http_out_end_head(o);
+}

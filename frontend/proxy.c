@@ -1,0 +1,545 @@
+/*
+ * proxy.c: the inference path. A request is extracted, routed (broker or
+ * local fallback), counted in flight on its worker in the shm row, sent
+ * on a pooled upstream connection, and its response relayed as it arrives
+ * (SSE chunk by chunk, with back-pressure through upstream_pause). Failed
+ * attempts are retried per gateway.md §7.1 until a byte went to the client.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "frontend/frontend.h"
+#include "shared/log.h"
+
+#define PROXY_PATH_MAX 2048
+
+struct req {
+	struct conn *rq_conn;
+	const struct http_request *rq_hr;
+	struct extract_inputs rq_in;
+	char rq_id[EXTRACT_REQUEST_ID_MAX + 1];
+	enum extract_endpoint rq_ep;
+	bool rq_fixed; /* a gateway-local relay: no routing */
+	struct retry_policy rq_rp;
+	unsigned rq_attempt; /* 0-based */
+	uint32_t rq_exclude[FE_MAX_EXCLUDE];
+	size_t rq_nexclude;
+	struct decide_item rq_di;
+	struct decision rq_d;
+	char *rq_body_alloc; /* re-serialised body (alias resolved) */
+	const char *rq_body;
+	size_t rq_body_len;
+	char rq_path[PROXY_PATH_MAX];
+	struct upstream_req *rq_up;
+	bool rq_inflight;
+	bool rq_head_sent;
+	bool rq_chunked;
+	bool rq_streaming;
+	bool rq_paused;
+	bool rq_resent;
+	bool rq_routed; /* some decision succeeded */
+	int rq_status; /* worker status of this attempt */
+	char rq_model[SHM_MODEL_MAX]; /* metric label */
+	ev_timer rq_backoff;
+	ev_tstamp rq_start;
+};
+
+static void proxy_gone(void *);
+static void proxy_drained(void *);
+static void proxy_decided(void *, const struct decision *);
+static void proxy_attempt(struct req *);
+static void proxy_on_head(void *, int, const struct upstream_header *, size_t);
+static void proxy_on_body(void *, const char *, size_t);
+static void proxy_on_done(void *, enum upstream_error);
+static void proxy_attempt_failed(struct req *, int, const char *, const char *,
+    bool);
+static void proxy_backoff_cb(struct ev_loop *, ev_timer *, int);
+static void proxy_end_inflight(struct req *);
+static void proxy_free(struct req *);
+static void proxy_fail(struct req *, int, const char *, const char *, int);
+static void proxy_count(struct req *, int, bool);
+static void proxy_prepare_body(struct req *);
+static bool proxy_can_retry(struct req *);
+
+static const struct conn_handler proxy_handler = {
+	.ch_gone = proxy_gone,
+	.ch_drained = proxy_drained,
+};
+
+static const struct upstream_cbs proxy_cbs = {
+	.on_head = proxy_on_head,
+	.on_body = proxy_on_body,
+	.on_done = proxy_on_done,
+};
+
+static struct req *
+proxy_new(struct conn *c, const struct http_request *hr, const char *request_id)
+{
+	struct req *rq;
+	int n;
+
+	if ((rq = calloc(1, sizeof(*rq))) == NULL)
+		return NULL;
+	rq->rq_conn = c;
+	rq->rq_hr = hr;
+	rq->rq_start = ev_now(fe->fe_loop);
+	snprintf(rq->rq_id, sizeof(rq->rq_id), "%s", request_id);
+	snprintf(rq->rq_model, sizeof(rq->rq_model), "%s", "unknown");
+	n = snprintf(rq->rq_path, sizeof(rq->rq_path), "%s%s%s", hr->hr_path,
+	    hr->hr_has_query ? "?" : "", hr->hr_query);
+	if (n < 0 || (size_t)n >= sizeof(rq->rq_path)) {
+		free(rq);
+		return NULL;
+	}
+	ev_init(&rq->rq_backoff, proxy_backoff_cb);
+	rq->rq_backoff.data = rq;
+	conn_set_handler(c, &proxy_handler, rq);
+	return rq;
+}
+
+void
+proxy_start(struct conn *c, const struct http_request *hr,
+    enum extract_endpoint ep, const char *request_id)
+{
+	const struct config *cf = fe->fe_cf;
+	struct req *rq;
+	const char *code;
+	char msg[FE_MSG_MAX];
+	int status;
+
+	if ((rq = proxy_new(c, hr, request_id)) == NULL) {
+		conn_error(c, 503, "out_of_memory", "Out of memory", request_id,
+		    0);
+		local_count_response(hr, 503);
+		return;
+	}
+	rq->rq_ep = ep;
+	retry_policy_from_config(&rq->rq_rp, cf);
+	if (extract_inputs(ep, hr->hr_body, hr->hr_body_len, hr,
+	        (const char *const *)cf->cf_routing_key_headers,
+	        cf->cf_routing_key_headers_n, cf->cf_routing_key_override,
+	        &rq->rq_in, &status, &code, msg, sizeof(msg)) == -1) {
+		proxy_fail(rq, status, code, msg, 0);
+		return;
+	}
+	rq->rq_streaming = rq->rq_in.ei_stream;
+	rq->rq_body = hr->hr_body;
+	rq->rq_body_len = hr->hr_body_len;
+	rq->rq_di.di_in = &rq->rq_in;
+	rq->rq_di.di_cb = proxy_decided;
+	rq->rq_di.di_arg = rq;
+	rq->rq_di.di_attempt = 0;
+	decide_submit(&rq->rq_di);
+}
+
+void
+proxy_fixed(struct conn *c, const struct http_request *hr,
+    const struct shm_worker *w, unsigned slot, const char *request_id)
+{
+	struct req *rq;
+
+	if ((rq = proxy_new(c, hr, request_id)) == NULL) {
+		conn_error(c, 503, "out_of_memory", "Out of memory", request_id,
+		    0);
+		local_count_response(hr, 503);
+		return;
+	}
+	rq->rq_fixed = true;
+	rq->rq_rp.rp_max_attempts = 1;
+	rq->rq_body = hr->hr_body;
+	rq->rq_body_len = hr->hr_body_len;
+	rq->rq_d.dc_ok = true;
+	rq->rq_d.dc_slot = slot;
+	rq->rq_d.dc_generation = w->sw_generation;
+	snprintf(rq->rq_d.dc_url, sizeof(rq->rq_d.dc_url), "%s", w->sw_url);
+	snprintf(rq->rq_d.dc_api_key, sizeof(rq->rq_d.dc_api_key), "%s",
+	    w->sw_api_key);
+	proxy_attempt(rq);
+}
+
+static void
+proxy_free(struct req *rq)
+{
+	decide_cancel(&rq->rq_di);
+	ev_timer_stop(fe->fe_loop, &rq->rq_backoff);
+	if (rq->rq_up != NULL) {
+		upstream_cancel(rq->rq_up);
+		rq->rq_up = NULL;
+	}
+	proxy_end_inflight(rq);
+	extract_inputs_free(&rq->rq_in);
+	free(rq->rq_body_alloc);
+	free(rq);
+}
+
+static void
+proxy_end_inflight(struct req *rq)
+{
+	if (!rq->rq_inflight)
+		return;
+	rq->rq_inflight = false;
+	shm_inflight_dec(fe->fe_shm, fe->fe_row, rq->rq_d.dc_slot);
+}
+
+/* Request-level metrics once the response is decided. */
+static void
+proxy_count(struct req *rq, int status, bool ok)
+{
+	char labels[SHM_SERIES_NAME_MAX];
+	const char *ep = extract_endpoint_name(rq->rq_ep);
+
+	local_count_response(rq->rq_hr, status);
+	if (rq->rq_fixed)
+		return;
+	snprintf(labels, sizeof(labels),
+	    "router_type=\"http\",backend_type=\"regular\","
+	    "connection_mode=\"http\",model=\"%s\",endpoint=\"%s\","
+	    "streaming=\"%s\"",
+	    rq->rq_model, ep, rq->rq_streaming ? "true" : "false");
+	stats_add("smg_router_requests_total", labels, 1);
+	if (ok) {
+		snprintf(labels, sizeof(labels),
+		    "router_type=\"http\",backend_type=\"regular\","
+		    "connection_mode=\"http\",model=\"%s\",endpoint=\"%s\"",
+		    rq->rq_model, ep);
+		stats_observe("smg_router_request_duration_seconds", labels,
+		    ev_now(fe->fe_loop) - rq->rq_start);
+	}
+}
+
+/* Answers with a gateway error and ends the request. */
+static void
+proxy_fail(struct req *rq, int status, const char *code, const char *msg,
+    int retry_after)
+{
+	char labels[SHM_SERIES_NAME_MAX];
+	struct conn *c = rq->rq_conn;
+
+	proxy_count(rq, status, false);
+	if (!rq->rq_fixed) {
+		snprintf(labels, sizeof(labels),
+		    "router_type=\"http\",backend_type=\"regular\","
+		    "connection_mode=\"http\",model=\"%s\",endpoint=\"%s\","
+		    "error_type=\"%s\"",
+		    rq->rq_model, extract_endpoint_name(rq->rq_ep), code);
+		stats_add("smg_router_request_errors_total", labels, 1);
+	}
+	rq->rq_conn = NULL;
+	conn_error(c, status, code, msg, rq->rq_id, retry_after);
+	proxy_free(rq);
+}
+
+static void
+proxy_gone(void *arg)
+{
+	struct req *rq = arg;
+
+	rq->rq_conn = NULL;
+	proxy_free(rq);
+}
+
+static void
+proxy_drained(void *arg)
+{
+	struct req *rq = arg;
+
+	if (rq->rq_paused && rq->rq_up != NULL) {
+		rq->rq_paused = false;
+		upstream_resume(rq->rq_up);
+	}
+}
+
+static bool
+proxy_can_retry(struct req *rq)
+{
+	return !rq->rq_fixed && !rq->rq_head_sent &&
+	    rq->rq_attempt + 1 < rq->rq_rp.rp_max_attempts;
+}
+
+/* Backs off, then asks for a new decision (gateway.md §7.1). */
+static void
+proxy_retry(struct req *rq)
+{
+	char labels[128];
+	long ms;
+
+	ms = retry_backoff_ms(&rq->rq_rp, rq->rq_attempt, retry_unit());
+	snprintf(labels, sizeof(labels),
+	    "worker_type=\"regular\",endpoint=\"%s\"",
+	    extract_endpoint_name(rq->rq_ep));
+	stats_add("smg_worker_retries_total", labels, 1);
+	snprintf(labels, sizeof(labels), "attempt=\"%u\"", rq->rq_attempt + 1);
+	stats_observe("smg_worker_retry_backoff_seconds", labels,
+	    (double)ms / 1000.0);
+	rq->rq_attempt++;
+	ev_timer_set(&rq->rq_backoff, (double)ms / 1000.0, 0.);
+	ev_timer_start(fe->fe_loop, &rq->rq_backoff);
+}
+
+static void
+proxy_exhausted(struct req *rq)
+{
+	char labels[128];
+
+	snprintf(labels, sizeof(labels),
+	    "worker_type=\"regular\",endpoint=\"%s\"",
+	    extract_endpoint_name(rq->rq_ep));
+	stats_add("smg_worker_retries_exhausted_total", labels, 1);
+}
+
+static void
+proxy_backoff_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	struct req *rq = w->data;
+
+	(void)loop;
+	(void)revents;
+	rq->rq_di.di_attempt = rq->rq_attempt;
+	rq->rq_di.di_exclude = rq->rq_exclude;
+	rq->rq_di.di_nexclude = rq->rq_nexclude;
+	decide_submit(&rq->rq_di);
+}
+
+static void
+proxy_decided(void *arg, const struct decision *d)
+{
+	struct req *rq = arg;
+	char labels[SHM_SERIES_NAME_MAX];
+
+	if (!d->dc_ok) {
+		if (retry_status_retryable(d->dc_status) && !d->dc_terminal &&
+		    proxy_can_retry(rq)) {
+			proxy_retry(rq);
+			return;
+		}
+		if (retry_status_retryable(d->dc_status) && !d->dc_terminal)
+			proxy_exhausted(rq);
+		proxy_fail(rq, d->dc_status, d->dc_code, d->dc_message,
+		    (int)d->dc_retry_after);
+		return;
+	}
+	rq->rq_d = *d;
+	rq->rq_routed = true;
+	snprintf(rq->rq_model, sizeof(rq->rq_model), "%s",
+	    d->dc_model[0] != '\0' ? d->dc_model : "unknown");
+	snprintf(labels, sizeof(labels),
+	    "worker_type=\"regular\",connection_mode=\"http\",model=\"%s\","
+	    "policy=\"%s\"",
+	    rq->rq_model, d->dc_policy[0] != '\0' ? d->dc_policy : "unknown");
+	stats_add("smg_worker_selection_total", labels, 1);
+	proxy_prepare_body(rq);
+	proxy_attempt(rq);
+}
+
+/* The worker gets the canonical model id when the client used an alias. */
+static void
+proxy_prepare_body(struct req *rq)
+{
+	cJSON *json = rq->rq_in.ei_json, *m;
+	const char *model = rq->rq_in.ei_model;
+	char *s;
+
+	if (rq->rq_body_alloc != NULL || json == NULL || model == NULL ||
+	    rq->rq_d.dc_model[0] == '\0' ||
+	    strcmp(rq->rq_d.dc_model, "unknown") == 0 ||
+	    strcmp(rq->rq_d.dc_model, model) == 0)
+		return;
+	if (strcmp(fallback_canonical(fe->fe_cf, model), rq->rq_d.dc_model) !=
+	    0)
+		return;
+	if ((m = cJSON_CreateString(rq->rq_d.dc_model)) == NULL)
+		return;
+	if (!cJSON_ReplaceItemInObjectCaseSensitive(json, "model", m)) {
+		cJSON_Delete(m);
+		return;
+	}
+	if ((s = cJSON_PrintUnformatted(json)) == NULL)
+		return;
+	rq->rq_body_alloc = s;
+	rq->rq_body = s;
+	rq->rq_body_len = strlen(s);
+}
+
+static void
+proxy_attempt(struct req *rq)
+{
+	struct upstream_header hdrs[HDR_UPSTREAM_MAX];
+	char auth[SHM_KEY_MAX + 16];
+	size_t n;
+	bool post = !rq->rq_fixed || rq->rq_hr->hr_method == HTTP_POST;
+
+	n = hdr_upstream(rq->rq_hr, rq->rq_id, rq->rq_d.dc_api_key,
+	    post && rq->rq_body_len > 0, auth, sizeof(auth), hdrs,
+	    HDR_UPSTREAM_MAX);
+	rq->rq_status = 0;
+	rq->rq_up = upstream_request(fe->fe_up, rq->rq_d.dc_url,
+	    rq->rq_fixed ? rq->rq_hr->hr_method_str : "POST", rq->rq_path, hdrs,
+	    n, rq->rq_body, rq->rq_body_len, &proxy_cbs, rq);
+	if (rq->rq_up == NULL) {
+		proxy_attempt_failed(rq, 500, "call_upstream_request_error",
+		    "Failed to send the request to the worker", true);
+		return;
+	}
+	shm_inflight_inc(fe->fe_shm, fe->fe_row, rq->rq_d.dc_slot);
+	rq->rq_inflight = true;
+}
+
+/*
+ * An attempt ended without a byte relayed: record it, then retry or
+ * answer with the gateway error.
+ */
+static void
+proxy_attempt_failed(struct req *rq, int status, const char *code,
+    const char *msg, bool transport)
+{
+	char labels[192];
+
+	proxy_end_inflight(rq);
+	if (!rq->rq_fixed)
+		decide_outcome(rq->rq_d.dc_slot, rq->rq_d.dc_generation, status,
+		    transport);
+	snprintf(labels, sizeof(labels),
+	    "router_type=\"http\",status_code=\"%d\",error_code=\"%s\"", status,
+	    code);
+	stats_add("smg_router_upstream_responses_total", labels, 1);
+	if (proxy_can_retry(rq)) {
+		/* Avoid this worker next time when another remains. */
+		if (rq->rq_nexclude < FE_MAX_EXCLUDE)
+			rq->rq_exclude[rq->rq_nexclude++] = rq->rq_d.dc_slot;
+		proxy_retry(rq);
+		return;
+	}
+	if (!rq->rq_fixed)
+		proxy_exhausted(rq);
+	proxy_fail(rq, status, code, msg, 0);
+}
+
+static void
+proxy_on_head(void *arg, int status, const struct upstream_header *h, size_t n)
+{
+	struct req *rq = arg;
+	struct conn *c = rq->rq_conn;
+	const struct upstream_header *cl;
+	bool keep_length;
+	char labels[128];
+
+	rq->rq_status = status;
+	if (retry_status_retryable(status) && proxy_can_retry(rq)) {
+		/* Not relayed: drop this response and try again. */
+		upstream_cancel(rq->rq_up);
+		rq->rq_up = NULL;
+		proxy_end_inflight(rq);
+		decide_outcome(rq->rq_d.dc_slot, rq->rq_d.dc_generation, status,
+		    false);
+		snprintf(labels, sizeof(labels),
+		    "router_type=\"http\",status_code=\"%d\",error_code=\"\"",
+		    status);
+		stats_add("smg_router_upstream_responses_total", labels, 1);
+		if (rq->rq_nexclude < FE_MAX_EXCLUDE)
+			rq->rq_exclude[rq->rq_nexclude++] = rq->rq_d.dc_slot;
+		proxy_retry(rq);
+		return;
+	}
+	if (retry_status_retryable(status) && !rq->rq_fixed)
+		proxy_exhausted(rq);
+	cl = hdr_find(h, n, "content-length");
+	keep_length = cl != NULL;
+	rq->rq_chunked = !keep_length && conn_http_minor(c) >= 1;
+	if (!keep_length && !rq->rq_chunked)
+		conn_set_close(c); /* HTTP/1.0: the close ends the body */
+	hdr_response_head(conn_out(c), status, h, n, keep_length,
+	    rq->rq_streaming && status < 300, rq->rq_chunked, rq->rq_id,
+	    rq->rq_fixed ? NULL : rq->rq_d.dc_url, conn_keep_alive(c));
+	rq->rq_head_sent = true;
+	conn_flush(c);
+}
+
+static void
+proxy_on_body(void *arg, const char *data, size_t len)
+{
+	struct req *rq = arg;
+	struct conn *c = rq->rq_conn;
+	struct http_out *o = conn_out(c);
+	char sz[24];
+	int n;
+
+	if (len == 0)
+		return;
+	if (rq->rq_chunked) {
+		n = snprintf(sz, sizeof(sz), "%zx\r\n", len);
+		http_out_append(o, sz, (size_t)n);
+		http_out_append(o, data, len);
+		http_out_append(o, "\r\n", 2);
+	} else
+		http_out_append(o, data, len);
+	conn_flush(c);
+	if (!rq->rq_paused && conn_pending(c) > FE_OUT_HIGH &&
+	    rq->rq_up != NULL) {
+		rq->rq_paused = true;
+		upstream_pause(rq->rq_up);
+	}
+}
+
+static void
+proxy_on_done(void *arg, enum upstream_error err)
+{
+	struct req *rq = arg;
+	struct conn *c = rq->rq_conn;
+	char labels[128];
+
+	rq->rq_up = NULL;
+	if (err == UPSTREAM_OK || rq->rq_head_sent) {
+		proxy_end_inflight(rq);
+		if (!rq->rq_fixed)
+			decide_outcome(rq->rq_d.dc_slot, rq->rq_d.dc_generation,
+			    rq->rq_status, false);
+		snprintf(labels, sizeof(labels),
+		    "router_type=\"http\",status_code=\"%d\",error_code=\"\"",
+		    rq->rq_status);
+		stats_add("smg_router_upstream_responses_total", labels, 1);
+		proxy_count(rq, rq->rq_status,
+		    err == UPSTREAM_OK && rq->rq_status < 400);
+		rq->rq_conn = NULL;
+		if (err == UPSTREAM_OK) {
+			if (rq->rq_chunked)
+				http_out_append(conn_out(c), "0\r\n\r\n", 5);
+			conn_request_done(c);
+		} else {
+			/* Cut mid-body: the client sees the connection end. */
+			conn_flush(c);
+			conn_request_abort(c);
+		}
+		proxy_free(rq);
+		return;
+	}
+	switch (err) {
+	case UPSTREAM_SEND_FAILED:
+		if (!rq->rq_resent) {
+			/* Reset before any response: re-send once. */
+			rq->rq_resent = true;
+			proxy_end_inflight(rq);
+			stats_add("smg_router_upstream_send_retries_total",
+			    "router_type=\"http\"", 1);
+			proxy_attempt(rq);
+			return;
+		}
+		proxy_attempt_failed(rq, 500, "call_upstream_request_error",
+		    "Connection to the worker failed during the request", true);
+		return;
+	case UPSTREAM_CONNECT_FAILED:
+		proxy_attempt_failed(rq, 500, "call_upstream_connection_failed",
+		    "Failed to connect to the worker", true);
+		return;
+	case UPSTREAM_TIMEOUT:
+		proxy_attempt_failed(rq, 504, "call_upstream_timeout",
+		    "The worker did not answer in time", true);
+		return;
+	default:
+		proxy_attempt_failed(rq, 502, "call_upstream_bad_response",
+		    "The worker sent an invalid response", true);
+		return;
+	}
+}

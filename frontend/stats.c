@@ -1,0 +1,113 @@
+/*
+ * stats.c: this frontend's metric series, registered in the shared segment
+ * on first use and remembered in a local table, so the request path never
+ * scans the shared series table.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <xxhash.h>
+
+#include "frontend/frontend.h"
+#include "shared/log.h"
+
+#define STATS_SLOTS 4096 /* power of two, > SHM_MAX_SERIES / 2 */
+
+struct stats_entry {
+	uint64_t st_hash;
+	char *st_key; /* family '\0' labels */
+	size_t st_keylen;
+	int st_series; /* counter index, or -1 for a histogram */
+	struct metrics_histogram *st_hist;
+};
+
+static struct stats_entry stats_tab[STATS_SLOTS];
+static unsigned stats_used;
+
+static struct stats_entry *stats_lookup(const char *, const char *, bool);
+
+void
+stats_init(void)
+{
+	memset(stats_tab, 0, sizeof(stats_tab));
+	stats_used = 0;
+}
+
+static struct stats_entry *
+stats_lookup(const char *family, const char *labels, bool hist)
+{
+	char key[SHM_SERIES_NAME_MAX * 2];
+	size_t fl = strlen(family), ll = strlen(labels), klen;
+	uint64_t h;
+	unsigned i, n;
+	struct stats_entry *e;
+	const struct config *cf = fe->fe_cf;
+
+	if (fl + ll + 2 > sizeof(key))
+		return NULL;
+	memcpy(key, family, fl + 1);
+	memcpy(key + fl + 1, labels, ll + 1);
+	klen = fl + ll + 2;
+	h = XXH3_64bits(key, klen);
+	for (n = 0, i = (unsigned)h & (STATS_SLOTS - 1); n < STATS_SLOTS;
+	     n++, i = (i + 1) & (STATS_SLOTS - 1)) {
+		e = &stats_tab[i];
+		if (e->st_key == NULL)
+			break;
+		if (e->st_hash == h && e->st_keylen == klen &&
+		    memcmp(e->st_key, key, klen) == 0)
+			return e;
+	}
+	/* Keep the table at most three quarters full. */
+	if (n == STATS_SLOTS || stats_used >= STATS_SLOTS / 4 * 3)
+		return NULL;
+	if ((e->st_key = malloc(klen)) == NULL)
+		return NULL;
+	memcpy(e->st_key, key, klen);
+	e->st_keylen = klen;
+	e->st_hash = h;
+	e->st_series = -1;
+	e->st_hist = NULL;
+	if (hist) {
+		if ((e->st_hist = calloc(1, sizeof(*e->st_hist))) == NULL ||
+		    metrics_histogram_init(fe->fe_shm, e->st_hist, family,
+		        labels, cf->cf_prometheus_duration_buckets,
+		        (int)cf->cf_prometheus_duration_buckets_n) == -1) {
+			log_warnx("%s: cannot register %s{%s}", __func__,
+			    family, labels);
+			free(e->st_hist);
+			e->st_hist = NULL;
+		}
+	} else {
+		e->st_series =
+		    metrics_series(fe->fe_shm, METRICS_COUNTER, family, labels);
+		if (e->st_series == -1)
+			log_warnx("%s: cannot register %s{%s}", __func__,
+			    family, labels);
+	}
+	stats_used++;
+	return e;
+}
+
+void
+stats_add(const char *family, const char *labels, int64_t delta)
+{
+	struct stats_entry *e;
+
+	if ((e = stats_lookup(family, labels, false)) == NULL ||
+	    e->st_series == -1)
+		return;
+	metrics_add(fe->fe_shm, fe->fe_row, e->st_series, delta);
+}
+
+void
+stats_observe(const char *family, const char *labels, double seconds)
+{
+	struct stats_entry *e;
+
+	if ((e = stats_lookup(family, labels, true)) == NULL ||
+	    e->st_hist == NULL)
+		return;
+	metrics_observe(fe->fe_shm, fe->fe_row, e->st_hist, seconds);
+}

@@ -1,0 +1,433 @@
+/*
+ * main.c: smg, the foreground launcher.
+ *
+ * It parses the command line once (a bad line exits 2 before anything is
+ * created), makes the run and state directories and the shared segment,
+ * then starts one smg-broker, one smg-poller and --frontends smg-frontend
+ * processes from its own directory, each with the same arguments (frontends
+ * also get --frontend-slot). A child that dies is logged and restarted
+ * with backoff. SIGTERM/SIGINT stop every child (SIGKILL after 4 s), remove
+ * the run dir's sockets, the segment and the run dir, and exit 0. SIGHUP is
+ * passed on to the children. Children get PR_SET_PDEATHSIG so they never
+ * outlive a launcher killed with SIGKILL.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <ev.h>
+
+#include "shared/config.h"
+#include "shared/log.h"
+#include "shared/shm.h"
+#include "shared/xmalloc.h"
+
+#define LAUNCHER_BACKOFF_MIN  0.1 /* first restart delay, s */
+#define LAUNCHER_BACKOFF_MAX  5.0 /* doubling stops here */
+#define LAUNCHER_HEALTHY_SECS 10.0 /* a run this long resets the delay */
+#define LAUNCHER_STOP_SECS    4.0 /* SIGTERM to SIGKILL */
+#define LAUNCHER_LOCKFILE     "smg.lock"
+
+enum child_role {
+	CHILD_BROKER = 0,
+	CHILD_POLLER,
+	CHILD_FRONTEND,
+};
+
+struct launcher;
+
+struct child {
+	struct launcher *ch_l;
+	enum child_role ch_role;
+	int ch_slot; /* frontend slot; -1 for the others */
+	char ch_label[48];
+	char *ch_path;
+	pid_t ch_pid; /* 0: not running */
+	ev_tstamp ch_started;
+	double ch_backoff;
+	ev_child ch_watch;
+	ev_timer ch_restart;
+};
+
+struct launcher {
+	struct ev_loop *l_loop;
+	struct config *l_cf;
+	struct shm *l_shm;
+	pid_t l_pid;
+	int l_lockfd;
+	struct child *l_children;
+	size_t l_nchildren;
+	bool l_stopping;
+	ev_signal l_sigterm;
+	ev_signal l_sigint;
+	ev_signal l_sighup;
+	ev_timer l_kill;
+};
+
+static char *launcher_bindir(void);
+static int launcher_mkdirs(const char *, mode_t);
+static int launcher_spawn(struct child *);
+static void launcher_child_cb(struct ev_loop *, ev_child *, int);
+static void launcher_restart_cb(struct ev_loop *, ev_timer *, int);
+static void launcher_signal_cb(struct ev_loop *, ev_signal *, int);
+static void launcher_kill_cb(struct ev_loop *, ev_timer *, int);
+static size_t launcher_running(struct launcher *);
+static void launcher_clean_run_dir(struct launcher *);
+
+int
+main(int argc, char *argv[])
+{
+	struct config cf;
+	struct launcher l;
+	struct child *ch;
+	char *bindir, lockpath[PATH_MAX];
+	const char *names[] = { "smg-broker", "smg-poller", "smg-frontend" };
+	size_t i;
+
+	log_init("smg", LOG_LEVEL_INFO);
+	config_load_or_exit(&cf, argc, argv);
+	log_setlevel(cf.cf_log_level);
+	signal(SIGPIPE, SIG_IGN);
+
+	memset(&l, 0, sizeof(l));
+	l.l_cf = &cf;
+	l.l_pid = getpid();
+	bindir = launcher_bindir();
+	l.l_nchildren = 2 + (size_t)cf.cf_frontends;
+	l.l_children = xcalloc(l.l_nchildren, sizeof(*l.l_children));
+	for (i = 0; i < l.l_nchildren; i++) {
+		ch = &l.l_children[i];
+		ch->ch_l = &l;
+		ch->ch_role = i < 2 ? (enum child_role)i : CHILD_FRONTEND;
+		ch->ch_slot = i < 2 ? -1 : (int)(i - 2);
+		ch->ch_path = xasprintf("%s/%s", bindir, names[ch->ch_role]);
+		ch->ch_backoff = LAUNCHER_BACKOFF_MIN;
+		if (ch->ch_slot >= 0)
+			snprintf(ch->ch_label, sizeof(ch->ch_label),
+			    "%s[slot %d]", names[ch->ch_role], ch->ch_slot);
+		else
+			snprintf(ch->ch_label, sizeof(ch->ch_label), "%s",
+			    names[ch->ch_role]);
+		if (access(ch->ch_path, X_OK) == -1)
+			fatal("%s: %s", __func__, ch->ch_path);
+	}
+	free(bindir);
+
+	if (launcher_mkdirs(cf.cf_run_dir, 0700) == -1)
+		fatal("%s: mkdir %s", __func__, cf.cf_run_dir);
+	if (launcher_mkdirs(cf.cf_state_dir, 0700) == -1)
+		fatal("%s: mkdir %s", __func__, cf.cf_state_dir);
+	/* One launcher per run dir: its children share sockets and shm. */
+	snprintf(lockpath, sizeof(lockpath), "%s/%s", cf.cf_run_dir,
+	    LAUNCHER_LOCKFILE);
+	l.l_lockfd = open(lockpath, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	if (l.l_lockfd == -1)
+		fatal("%s: %s", __func__, lockpath);
+	if (flock(l.l_lockfd, LOCK_EX | LOCK_NB) == -1)
+		fatalx("%s: another smg runs with --run-dir %s", __func__,
+		    cf.cf_run_dir);
+	/* Made before any child, so all of them map the same version. */
+	if ((l.l_shm = shm_open_segment(cf.cf_run_dir)) == NULL)
+		fatalx("%s: cannot create the shared segment in %s", __func__,
+		    cf.cf_run_dir);
+
+	if ((l.l_loop = ev_default_loop(EVFLAG_AUTO)) == NULL)
+		fatalx("%s: cannot make the event loop", __func__);
+	ev_signal_init(&l.l_sigterm, launcher_signal_cb, SIGTERM);
+	ev_signal_init(&l.l_sigint, launcher_signal_cb, SIGINT);
+	ev_signal_init(&l.l_sighup, launcher_signal_cb, SIGHUP);
+	l.l_sigterm.data = l.l_sigint.data = l.l_sighup.data = &l;
+	ev_signal_start(l.l_loop, &l.l_sigterm);
+	ev_signal_start(l.l_loop, &l.l_sigint);
+	ev_signal_start(l.l_loop, &l.l_sighup);
+	ev_timer_init(&l.l_kill, launcher_kill_cb, LAUNCHER_STOP_SECS, 0.);
+	l.l_kill.data = &l;
+
+	for (i = 0; i < l.l_nchildren; i++) {
+		ch = &l.l_children[i];
+		ev_init(&ch->ch_restart, launcher_restart_cb);
+		ch->ch_restart.data = ch;
+		if (launcher_spawn(ch) == -1)
+			fatalx("%s: cannot start %s", __func__, ch->ch_label);
+	}
+	log_info("%s: started broker pid %ld, poller pid %ld, %ld frontends "
+	         "on %s:%ld",
+	    __func__, (long)l.l_children[CHILD_BROKER].ch_pid,
+	    (long)l.l_children[CHILD_POLLER].ch_pid, cf.cf_frontends,
+	    cf.cf_host, cf.cf_port);
+
+	ev_run(l.l_loop, 0);
+
+	launcher_clean_run_dir(&l);
+	for (i = 0; i < l.l_nchildren; i++)
+		free(l.l_children[i].ch_path);
+	free(l.l_children);
+	log_info("%s: stopped", __func__);
+	config_free(&cf);
+	ev_loop_destroy(l.l_loop);
+	return 0;
+}
+
+/* The directory of our own executable: the children live beside it. */
+static char *
+launcher_bindir(void)
+{
+	char buf[PATH_MAX], *slash;
+	ssize_t n;
+
+	if ((n = readlink("/proc/self/exe", buf, sizeof(buf) - 1)) == -1)
+		fatal("%s: readlink /proc/self/exe", __func__);
+	buf[n] = '\0';
+	if ((slash = strrchr(buf, '/')) == NULL)
+		fatalx("%s: odd executable path %s", __func__, buf);
+	*slash = '\0';
+	return xstrdup(buf[0] != '\0' ? buf : "/");
+}
+
+/* mkdir -p; the last component gets mode, existing ones are kept. */
+static int
+launcher_mkdirs(const char *path, mode_t mode)
+{
+	char buf[PATH_MAX], *p;
+
+	if (snprintf(buf, sizeof(buf), "%s", path) >= (int)sizeof(buf)) {
+		errno = ENAMETOOLONG;
+		return -1;
+	}
+	for (p = buf + 1; *p != '\0'; p++) {
+		if (*p != '/')
+			continue;
+		*p = '\0';
+		if (mkdir(buf, 0755) == -1 && errno != EEXIST)
+			return -1;
+		*p = '/';
+	}
+	if (mkdir(buf, mode) == -1 && errno != EEXIST)
+		return -1;
+	return 0;
+}
+
+static int
+launcher_spawn(struct child *ch)
+{
+	struct launcher *l = ch->ch_l;
+	const struct config *cf = l->l_cf;
+	char **argv, slot[16];
+	sigset_t none;
+	pid_t pid;
+	int i, n = 0;
+
+	argv = xcalloc((size_t)cf->cf_argc + 4, sizeof(*argv));
+	argv[n++] = ch->ch_path;
+	for (i = 0; i < cf->cf_argc; i++)
+		argv[n++] = cf->cf_argv[i];
+	if (ch->ch_role == CHILD_FRONTEND) {
+		snprintf(slot, sizeof(slot), "%d", ch->ch_slot);
+		argv[n++] = "--frontend-slot";
+		argv[n++] = slot;
+	}
+	argv[n] = NULL;
+
+	if ((pid = fork()) == -1) {
+		log_warn("%s: fork for %s", __func__, ch->ch_label);
+		free(argv);
+		return -1;
+	}
+	if (pid == 0) {
+		/* libev blocks the signals it watches; exec keeps masks. */
+		sigemptyset(&none);
+		sigprocmask(SIG_SETMASK, &none, NULL);
+		signal(SIGPIPE, SIG_DFL);
+		if (prctl(PR_SET_PDEATHSIG, SIGTERM) == -1 ||
+		    getppid() != l->l_pid)
+			_exit(1);
+		execv(ch->ch_path, argv);
+		_exit(127);
+	}
+	free(argv);
+	ch->ch_pid = pid;
+	ch->ch_started = ev_time();
+	ev_child_init(&ch->ch_watch, launcher_child_cb, pid, 0);
+	ch->ch_watch.data = ch;
+	ev_child_start(l->l_loop, &ch->ch_watch);
+	return 0;
+}
+
+static void
+launcher_child_cb(struct ev_loop *loop, ev_child *w, int revents)
+{
+	struct child *ch = w->data;
+	struct launcher *l = ch->ch_l;
+	char cause[64];
+	double ran, delay;
+	int st = w->rstatus;
+
+	(void)revents;
+	ev_child_stop(loop, w);
+	ran = ev_time() - ch->ch_started;
+	if (WIFEXITED(st))
+		snprintf(cause, sizeof(cause), "exited with status %d",
+		    WEXITSTATUS(st));
+	else if (WIFSIGNALED(st))
+		snprintf(cause, sizeof(cause), "killed by signal %d (%s)",
+		    WTERMSIG(st), strsignal(WTERMSIG(st)));
+	else
+		snprintf(cause, sizeof(cause), "ended (status %#x)", st);
+	ch->ch_pid = 0;
+
+	if (l->l_stopping) {
+		log_info("%s: %s pid %ld %s", __func__, ch->ch_label,
+		    (long)w->rpid, cause);
+		if (launcher_running(l) == 0)
+			ev_break(loop, EVBREAK_ALL);
+		return;
+	}
+	if (ran >= LAUNCHER_HEALTHY_SECS)
+		ch->ch_backoff = LAUNCHER_BACKOFF_MIN;
+	delay = ch->ch_backoff;
+	ch->ch_backoff *= 2;
+	if (ch->ch_backoff > LAUNCHER_BACKOFF_MAX)
+		ch->ch_backoff = LAUNCHER_BACKOFF_MAX;
+	log_warnx("%s: %s pid %ld %s after %.1f s; restarting in %.1f s",
+	    __func__, ch->ch_label, (long)w->rpid, cause, ran, delay);
+	ev_timer_set(&ch->ch_restart, delay, 0.);
+	ev_timer_start(loop, &ch->ch_restart);
+}
+
+static void
+launcher_restart_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	struct child *ch = w->data;
+	double delay;
+
+	(void)revents;
+	if (ch->ch_l->l_stopping)
+		return;
+	if (launcher_spawn(ch) == 0) {
+		log_info("%s: restarted %s: pid %ld", __func__, ch->ch_label,
+		    (long)ch->ch_pid);
+		return;
+	}
+	delay = ch->ch_backoff;
+	ch->ch_backoff *= 2;
+	if (ch->ch_backoff > LAUNCHER_BACKOFF_MAX)
+		ch->ch_backoff = LAUNCHER_BACKOFF_MAX;
+	ev_timer_set(w, delay, 0.);
+	ev_timer_start(loop, w);
+}
+
+static size_t
+launcher_running(struct launcher *l)
+{
+	size_t i, n = 0;
+
+	for (i = 0; i < l->l_nchildren; i++)
+		if (l->l_children[i].ch_pid != 0)
+			n++;
+	return n;
+}
+
+static void
+launcher_signal_all(struct launcher *l, int sig)
+{
+	size_t i;
+
+	for (i = 0; i < l->l_nchildren; i++)
+		if (l->l_children[i].ch_pid != 0 &&
+		    kill(l->l_children[i].ch_pid, sig) == -1 && errno != ESRCH)
+			log_warn("%s: kill %s", __func__,
+			    l->l_children[i].ch_label);
+}
+
+static void
+launcher_signal_cb(struct ev_loop *loop, ev_signal *w, int revents)
+{
+	struct launcher *l = w->data;
+	size_t i;
+
+	(void)revents;
+	if (w->signum == SIGHUP) {
+		log_info("%s: SIGHUP, passing it on", __func__);
+		launcher_signal_all(l, SIGHUP);
+		return;
+	}
+	if (l->l_stopping) {
+		/* Asked twice: do not wait for the stragglers. */
+		log_info("%s: signal %d again, killing", __func__, w->signum);
+		launcher_signal_all(l, SIGKILL);
+		return;
+	}
+	log_info("%s: signal %d, stopping %zu processes", __func__, w->signum,
+	    launcher_running(l));
+	l->l_stopping = true;
+	for (i = 0; i < l->l_nchildren; i++)
+		ev_timer_stop(loop, &l->l_children[i].ch_restart);
+	if (launcher_running(l) == 0) {
+		ev_break(loop, EVBREAK_ALL);
+		return;
+	}
+	launcher_signal_all(l, SIGTERM);
+	ev_timer_start(loop, &l->l_kill);
+}
+
+static void
+launcher_kill_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	struct launcher *l = w->data;
+	size_t i;
+
+	(void)loop;
+	(void)revents;
+	for (i = 0; i < l->l_nchildren; i++)
+		if (l->l_children[i].ch_pid != 0)
+			log_warnx("%s: %s pid %ld ignored SIGTERM, killing",
+			    __func__, l->l_children[i].ch_label,
+			    (long)l->l_children[i].ch_pid);
+	launcher_signal_all(l, SIGKILL);
+}
+
+/*
+ * After every child is gone: the sockets the children listened on, the
+ * segment, the lock, and the run dir itself when nothing else is in it.
+ */
+static void
+launcher_clean_run_dir(struct launcher *l)
+{
+	const char *dir = l->l_cf->cf_run_dir;
+	char path[PATH_MAX];
+	struct dirent *de;
+	struct stat sb;
+	DIR *d;
+
+	ev_timer_stop(l->l_loop, &l->l_kill);
+	if ((d = opendir(dir)) != NULL) {
+		while ((de = readdir(d)) != NULL) {
+			if (snprintf(path, sizeof(path), "%s/%s", dir,
+			        de->d_name) >= (int)sizeof(path))
+				continue;
+			if (lstat(path, &sb) == 0 && S_ISSOCK(sb.st_mode) &&
+			    unlink(path) == -1)
+				log_warn("%s: unlink %s", __func__, path);
+		}
+		closedir(d);
+	}
+	shm_close(l->l_shm);
+	if (shm_unlink_segment(dir) == -1)
+		log_warnx("%s: cannot remove the shared segment", __func__);
+	snprintf(path, sizeof(path), "%s/%s", dir, LAUNCHER_LOCKFILE);
+	(void)unlink(path);
+	close(l->l_lockfd);
+	if (rmdir(dir) == -1 && errno != ENOTEMPTY && errno != EEXIST)
+		log_warn("%s: rmdir %s", __func__, dir);
+}

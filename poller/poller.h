@@ -1,0 +1,180 @@
+/*
+ * poller.h: the poller's private contracts, one section per file.
+ *
+ * smg-poller watches the shm worker table and talks HTTP to workers on one
+ * libev loop: registration discovery for Pending workers (register.c) and
+ * health probes for Ready/NotReady ones (health.c). Every finding goes to
+ * the broker as a PollerMsg over nng PUSH (report.c). Nothing here blocks
+ * the loop on a worker: each HTTP request has its own socket and deadline.
+ */
+#ifndef POLLER_POLLER_H
+#define POLLER_POLLER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <ev.h>
+
+#include "ipc.pb-c.h"
+#include "shared/shm.h"
+
+struct config;
+struct ipc_client;
+struct tls_ctx;
+
+/* ---- http_client.c ---- */
+
+enum http_client_error {
+	HTTP_CLIENT_OK = 0,
+	HTTP_CLIENT_BAD_URL,
+	HTTP_CLIENT_RESOLVE,
+	HTTP_CLIENT_CONNECT, /* refused, unreachable */
+	HTTP_CLIENT_TLS, /* TLS setup or handshake failed */
+	HTTP_CLIENT_TLS_UNAVAILABLE, /* https:// without a TLS context */
+	HTTP_CLIENT_IO, /* reset or write failure */
+	HTTP_CLIENT_TIMEOUT,
+	HTTP_CLIENT_PROTOCOL, /* unparsable or cut-short response */
+	HTTP_CLIENT_NOMEM,
+};
+
+/* hr_status and the body are set only when hr_error is HTTP_CLIENT_OK. */
+struct http_client_result {
+	enum http_client_error hr_error;
+	int hr_status;
+	const char *hr_body; /* NUL-terminated, never NULL */
+	size_t hr_body_len;
+	bool hr_truncated; /* the body was longer than body_max */
+};
+
+/*
+ * Called once on the loop with the outcome; result and body are valid only
+ * during the call, and the request handle is gone once it returns (the
+ * callback must not cancel it).
+ */
+typedef void (*http_client_cb)(void *arg, const struct http_client_result *res);
+
+struct http_client_req;
+
+/*
+ * GET base+path (base as registered, e.g. "http://10.0.0.1:8000"), with
+ * "Authorization: Bearer <api_key>" when api_key is non-empty, one request
+ * per connection, the whole exchange bounded by timeout_secs. https:// URLs
+ * use tls (NULL: they fail with HTTP_CLIENT_TLS_UNAVAILABLE). The body is
+ * kept up to body_max bytes; beyond that the response ends there with
+ * hr_truncated set. cb is never called before this function returns, even
+ * for immediate failures. Returns NULL (logged) only when out of memory,
+ * in which case cb is never called.
+ */
+struct http_client_req *http_client_get(struct ev_loop *loop,
+    struct tls_ctx *tls, const char *base, const char *path,
+    const char *api_key, double timeout_secs, size_t body_max,
+    http_client_cb cb, void *arg);
+/* Aborts a pending request; its callback is not called. NULL: no-op. */
+void http_client_cancel(struct http_client_req *req);
+/* Static text for an error ("timeout", "connect failed", ...). */
+const char *http_client_strerror(enum http_client_error e);
+
+/* ---- register.c ---- */
+
+#define REGISTER_RUNTIME_MAX 16
+#define REGISTER_ERROR_MAX   160
+
+enum register_step {
+	REGISTER_IDLE = 0, /* not a discovery candidate */
+	REGISTER_WAIT, /* waiting for rs_next_ms to try again */
+	REGISTER_HEALTH, /* GET /health */
+	REGISTER_MODELS, /* GET /v1/models */
+	REGISTER_VERSION, /* GET /version (vLLM detection) */
+	REGISTER_SERVER_INFO, /* GET /server_info (SGLang detection) */
+	REGISTER_MODEL_INFO, /* GET /model_info (model path) */
+	REGISTER_GET_MODEL_INFO, /* GET /get_model_info after a 404 */
+	REGISTER_DONE, /* reported; re-run if still Pending later */
+};
+
+struct register_state {
+	enum register_step rs_step;
+	struct http_client_req *rs_req;
+	uint64_t rs_first_ms; /* when discovery began for this generation */
+	uint64_t rs_next_ms; /* next attempt (WAIT) or re-check (DONE) */
+	unsigned rs_attempts;
+	bool rs_models_live; /* /v1/models answered 2xx JSON */
+	char rs_model[SHM_MODEL_MAX];
+	char rs_runtime[REGISTER_RUNTIME_MAX];
+	char rs_error[REGISTER_ERROR_MAX];
+};
+
+/* What GET /v1/models said (workers.md §2.1): the first entry only. */
+struct register_models {
+	char rm_id[SHM_MODEL_MAX]; /* "" when absent */
+	char rm_runtime[REGISTER_RUNTIME_MAX]; /* "" when owned_by unknown */
+	char rm_root[SHM_MODEL_MAX]; /* "" when absent */
+};
+
+/*
+ * Parses a /v1/models body. Returns 0 when it is a JSON object (a live
+ * OpenAI-style listing, possibly empty), -1 when it is not. The runtime
+ * is the lowercase owned_by when it names a known engine (sglang, vllm,
+ * trtllm, tokenspeed, mlx; "nvidia" means trtllm).
+ */
+int register_parse_models(const char *body, size_t len,
+    struct register_models *out);
+/*
+ * Parses a /model_info or /get_model_info body into its "model_path".
+ * Returns 0 when found (non-empty string), -1 otherwise.
+ */
+int register_parse_model_info(const char *body, size_t len, char *model,
+    size_t model_len);
+
+/* ---- health.c ---- */
+
+struct health_state {
+	struct http_client_req *hs_req;
+	uint64_t hs_next_ms; /* 0: not scheduled */
+};
+
+/* ---- main.c / report.c: the process ---- */
+
+/* The poller's view of one worker table slot. */
+struct pworker {
+	struct poller *pw_poller;
+	unsigned pw_slot;
+	bool pw_in_use;
+	uint32_t pw_generation;
+	uint32_t pw_status; /* enum shm_worker_status, as last scanned */
+	char pw_url[SHM_URL_MAX];
+	char pw_api_key[SHM_KEY_MAX];
+	char pw_model[SHM_MODEL_MAX];
+	struct register_state pw_reg;
+	struct health_state pw_health;
+};
+
+struct poller {
+	struct ev_loop *p_loop;
+	const struct config *p_cf;
+	struct shm *p_shm;
+	struct ipc_client *p_reports; /* PUSH to RUN/reports.ipc */
+	struct tls_ctx *p_tls; /* NULL: https:// probes fail */
+	struct pworker p_workers[SHM_MAX_WORKERS];
+};
+
+/*
+ * Sends one message to the broker (version set here). Returns 0, or -1
+ * (logged) when it could not be queued; the callers' schedules retry.
+ */
+int report_send(struct poller *p, Smg__PollerMsg *m);
+
+/*
+ * Per-slot hooks, called by the 200 ms scan with the slot's fresh copy in
+ * pw (identity, status, url, key). _tick starts what is due; _stop cancels
+ * in-flight requests and forgets the schedule (slot freed or reused).
+ */
+void register_tick(struct pworker *pw, uint64_t now_ms);
+void register_stop(struct pworker *pw);
+void health_tick(struct pworker *pw, uint64_t now_ms);
+void health_stop(struct pworker *pw);
+
+/* Body cap for every poller GET. */
+#define POLLER_BODY_MAX (1024 * 1024)
+
+#endif /* POLLER_POLLER_H */

@@ -1,0 +1,115 @@
+/*
+ * tls.h: TLS over non-blocking sockets with mbedTLS, for the frontend's
+ * listener (server side) and its connections to https:// workers (client
+ * side, certificate verification always required).
+ *
+ * A context holds the configuration shared by many connections: the
+ * certificates, the CA chain, and one entropy source and random generator
+ * seeded once when the context is made. A context is used by one thread
+ * only (the process's loop) and must outlive every connection made from it.
+ *
+ * A connection wraps a socket fd that the caller has made non-blocking and
+ * still owns: tls_conn_free never closes it. The calls below never block.
+ * They return a byte count (>= 0) or one of the negative enum tls_result
+ * values: TLS_WANT_READ / TLS_WANT_WRITE mean "wait until the fd is
+ * readable / writable, then call the same function again"; TLS_CLOSED means
+ * the peer ended the session (close_notify or EOF); TLS_ERROR is fatal for
+ * the connection (it has been logged).
+ *
+ * mbedTLS may hold decrypted bytes that the fd no longer signals: after a
+ * read, call tls_conn_read again while tls_conn_pending is non-zero before
+ * waiting on the fd.
+ */
+#ifndef SHARED_TLS_H
+#define SHARED_TLS_H
+
+#include <stddef.h>
+#include <sys/types.h>
+
+struct tls_ctx;
+struct tls_conn;
+
+enum tls_result {
+	TLS_OK = 0,
+	TLS_WANT_READ = -1,
+	TLS_WANT_WRITE = -2,
+	TLS_CLOSED = -3,
+	TLS_ERROR = -4,
+};
+
+/* System CA bundle used by client contexts that name no CA file. */
+#define TLS_SYSTEM_CA_PATH "/etc/ssl/certs/ca-certificates.crt"
+
+/*
+ * Server context from a PEM certificate (chain) and its PEM private key
+ * (--tls-cert-path, --tls-key-path). Returns NULL after logging the
+ * mbedtls_strerror text when a file cannot be loaded or the key does not
+ * match the certificate. Free with tls_ctx_free.
+ */
+struct tls_ctx *tls_ctx_new_server(const char *cert_path, const char *key_path);
+
+/*
+ * Client context for connections to workers. ca_paths is a NULL-terminated
+ * list of PEM CA files (--ca-cert-paths); NULL or an empty list means the
+ * system store TLS_SYSTEM_CA_PATH. cert_path and key_path (both or
+ * neither, may be NULL) are the client certificate presented for mTLS.
+ * Peer verification is required: the chain must lead to a listed CA and
+ * the certificate must match the hostname given to tls_conn_new_client.
+ * Returns NULL after logging on a load error.
+ */
+struct tls_ctx *tls_ctx_new_client(const char *const *ca_paths,
+    const char *cert_path, const char *key_path);
+
+/* Frees the context; every connection made from it must be freed first.
+ * NULL is a no-op. */
+void tls_ctx_free(struct tls_ctx *ctx);
+
+/*
+ * New connection on a connected non-blocking fd (the fd stays the
+ * caller's). A client connection sends hostname as SNI and checks the
+ * server certificate against it. Returns NULL on allocation or setup
+ * failure (logged). Drive the handshake with tls_conn_handshake.
+ */
+struct tls_conn *tls_conn_new_server(struct tls_ctx *ctx, int fd);
+struct tls_conn *tls_conn_new_client(struct tls_ctx *ctx, int fd,
+    const char *hostname);
+
+/*
+ * Advances the handshake: TLS_OK when it is complete (calling again is
+ * harmless), TLS_WANT_READ / TLS_WANT_WRITE, TLS_CLOSED when the peer
+ * hung up during it, or TLS_ERROR (verification failure included; logged
+ * at warn on client connections, at debug on server ones, since a
+ * client's bad handshake is not the gateway's fault).
+ */
+int tls_conn_handshake(struct tls_conn *c);
+
+/*
+ * Reads up to len decrypted bytes into buf. Returns the count (> 0), or
+ * TLS_WANT_READ / TLS_WANT_WRITE, TLS_CLOSED (close_notify or EOF; stop
+ * using the connection for reading), TLS_ERROR. Completes the handshake
+ * first if it is not done. len 0 returns 0.
+ */
+ssize_t tls_conn_read(struct tls_conn *c, void *buf, size_t len);
+
+/*
+ * Encrypts and sends up to len bytes of buf. Returns the count accepted
+ * (> 0, may be less than len: call again for the rest), or TLS_WANT_READ /
+ * TLS_WANT_WRITE, TLS_CLOSED, TLS_ERROR. After TLS_WANT_*, the next call
+ * must pass the same buf and len (mbedTLS holds the record half sent).
+ * len 0 returns 0.
+ */
+ssize_t tls_conn_write(struct tls_conn *c, const void *buf, size_t len);
+
+/* Decrypted bytes buffered inside mbedTLS, readable without the fd. */
+size_t tls_conn_pending(const struct tls_conn *c);
+
+/*
+ * Sends close_notify: TLS_OK when sent, TLS_WANT_WRITE to retry when the
+ * fd is writable, TLS_ERROR otherwise. Optional before tls_conn_free.
+ */
+int tls_conn_close_notify(struct tls_conn *c);
+
+/* Frees the connection state; the fd is not closed. NULL is a no-op. */
+void tls_conn_free(struct tls_conn *c);
+
+#endif /* SHARED_TLS_H */
