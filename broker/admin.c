@@ -15,15 +15,14 @@
 #include "broker.h"
 
 static void admin_set(Smg__AdminReply *r, uint32_t status, cJSON *body);
-static void admin_error(Smg__AdminReply *r, uint32_t status,
-    const char *msg, const char *code);
+static void admin_error(Smg__AdminReply *r, uint32_t status, const char *msg,
+    const char *code);
 static void admin_add(struct broker *br, const Smg__WorkerSpec *spec,
     Smg__AdminReply *r);
 static void admin_list(struct broker *br, const char *model,
     Smg__AdminReply *r);
 static void admin_get(struct broker *br, const char *id, Smg__AdminReply *r);
-static void admin_remove(struct broker *br, const char *id,
-    Smg__AdminReply *r);
+static void admin_remove(struct broker *br, const char *id, Smg__AdminReply *r);
 static void admin_replace(cJSON *o, const char *name, cJSON *item);
 static int admin_type_parse(const char *s, int *out);
 static int admin_mode_parse(const char *s, int *out);
@@ -42,7 +41,7 @@ admin_set(Smg__AdminReply *r, uint32_t status, cJSON *body)
 	r->http_status = status;
 	if (body == NULL || (s = cJSON_PrintUnformatted(body)) == NULL)
 		s = xstrdup("{\"error\":\"out of memory\",\"code\":"
-			    "\"internal_error\"}");
+		            "\"internal_error\"}");
 	r->body_json = s;
 	cJSON_Delete(body);
 }
@@ -140,7 +139,7 @@ admin_parse_spec(const char *json, cJSON **root, struct worker_spec *ws,
 		return -1;
 	}
 	if (registry_normalize_url(it->valuestring, url_buf, url_len, why,
-		sizeof(why)) == -1) {
+	        sizeof(why)) == -1) {
 		snprintf(admin_errbuf, sizeof(admin_errbuf), "invalid url: %s",
 		    why);
 		*err = admin_errbuf;
@@ -186,7 +185,7 @@ admin_parse_spec(const char *json, cJSON **root, struct worker_spec *ws,
 		}
 	}
 	if ((it = cJSON_GetObjectItemCaseSensitive(o, "connection_mode")) !=
-		NULL &&
+	        NULL &&
 	    !cJSON_IsNull(it)) {
 		if (!cJSON_IsString(it) ||
 		    admin_mode_parse(it->valuestring, &ws->ws_mode) == -1) {
@@ -196,7 +195,7 @@ admin_parse_spec(const char *json, cJSON **root, struct worker_spec *ws,
 		}
 	}
 	if ((it = cJSON_GetObjectItemCaseSensitive(o, "runtime_type")) ==
-		NULL ||
+	        NULL ||
 	    cJSON_IsNull(it))
 		it = cJSON_GetObjectItemCaseSensitive(o, "runtime");
 	if (it != NULL && !cJSON_IsNull(it)) {
@@ -249,7 +248,7 @@ admin_parse_spec(const char *json, cJSON **root, struct worker_spec *ws,
 		ws->ws_api_key = it->valuestring;
 	}
 	if ((it = cJSON_GetObjectItemCaseSensitive(o, "bootstrap_port")) !=
-		NULL &&
+	        NULL &&
 	    !cJSON_IsNull(it)) {
 		if (!cJSON_IsNumber(it) || it->valuedouble < 0 ||
 		    it->valuedouble > 65535 ||
@@ -309,8 +308,7 @@ admin_spec_from_proto(const Smg__WorkerSpec *p, struct worker_spec *ws,
     char *url_buf, size_t url_len, char *err, size_t errlen)
 {
 	memset(ws, 0, sizeof(*ws));
-	if (registry_normalize_url(p->url, url_buf, url_len, err, errlen) ==
-	    -1)
+	if (registry_normalize_url(p->url, url_buf, url_len, err, errlen) == -1)
 		return -1;
 	if ((int)p->worker_type < 0 || (int)p->worker_type >= BROKER_NTYPES ||
 	    (int)p->connection_mode < 0 ||
@@ -324,9 +322,8 @@ admin_spec_from_proto(const Smg__WorkerSpec *p, struct worker_spec *ws,
 	ws->ws_type = (int)p->worker_type;
 	ws->ws_mode = (int)p->connection_mode;
 	ws->ws_api_key = p->api_key;
-	ws->ws_bootstrap_port = p->has_bootstrap_port ?
-	    (int32_t)(p->bootstrap_port & 0xffff) :
-	    -1;
+	ws->ws_bootstrap_port =
+	    p->has_bootstrap_port ? (int32_t)(p->bootstrap_port & 0xffff) : -1;
 	ws->ws_priority = p->priority;
 	ws->ws_cost = p->cost;
 	return 0;
@@ -344,14 +341,14 @@ admin_add(struct broker *br, const Smg__WorkerSpec *spec, Smg__AdminReply *r)
 
 	if (spec->spec_json != NULL && *spec->spec_json != '\0') {
 		if (admin_parse_spec(spec->spec_json, &root, &ws, url,
-			sizeof(url), &why, &code) == -1) {
+		        sizeof(url), &why, &code) == -1) {
 			admin_error(r, 400, why, code);
 			cJSON_Delete(root);
 			return;
 		}
 	} else {
 		if (admin_spec_from_proto(spec, &ws, url, sizeof(url), err,
-			sizeof(err)) == -1) {
+		        sizeof(err)) == -1) {
 			admin_error(r, 400, err, "invalid_url");
 			return;
 		}
@@ -402,8 +399,8 @@ admin_worker_info(struct broker *br, struct worker *w)
 {
 	cJSON *o, *job;
 
-	o = w->wk_spec != NULL ? cJSON_Duplicate(w->wk_spec, 1) :
-				 cJSON_CreateObject();
+	o = w->wk_spec != NULL ? cJSON_Duplicate(w->wk_spec, 1)
+	                       : cJSON_CreateObject();
 	if (o == NULL)
 		return NULL;
 	cJSON_DeleteItemFromObjectCaseSensitive(o, "api_key");
@@ -415,15 +412,14 @@ admin_worker_info(struct broker *br, struct worker *w)
 	admin_replace(o, "connection_mode",
 	    cJSON_CreateString(registry_mode_name(w->wk_mode)));
 	admin_replace(o, "runtime_type",
-	    *w->wk_runtime != '\0' ? cJSON_CreateString(w->wk_runtime) :
-				     cJSON_CreateNull());
+	    *w->wk_runtime != '\0' ? cJSON_CreateString(w->wk_runtime)
+	                           : cJSON_CreateNull());
 	admin_replace(o, "labels", cJSON_Duplicate(w->wk_labels, 1));
 	admin_replace(o, "priority", cJSON_CreateNumber(w->wk_priority));
 	admin_replace(o, "cost", cJSON_CreateNumber(w->wk_cost));
 	admin_replace(o, "bootstrap_port",
-	    w->wk_bootstrap_port >= 0 ?
-		cJSON_CreateNumber(w->wk_bootstrap_port) :
-		cJSON_CreateNull());
+	    w->wk_bootstrap_port >= 0 ? cJSON_CreateNumber(w->wk_bootstrap_port)
+	                              : cJSON_CreateNull());
 	admin_replace(o, "is_healthy",
 	    cJSON_CreateBool(w->wk_status == SHM_WORKER_READY));
 	admin_replace(o, "status",
@@ -440,8 +436,8 @@ admin_worker_info(struct broker *br, struct worker *w)
 	    w->wk_status == SHM_WORKER_DRAINING) {
 		job = cJSON_CreateObject();
 		cJSON_AddStringToObject(job, "job_type",
-		    w->wk_status == SHM_WORKER_DRAINING ? "RemoveWorker" :
-							  "AddWorker");
+		    w->wk_status == SHM_WORKER_DRAINING ? "RemoveWorker"
+		                                        : "AddWorker");
 		cJSON_AddStringToObject(job, "status",
 		    w->wk_status == SHM_WORKER_FAILED ? "failed" : "pending");
 		if (w->wk_error != NULL)

@@ -42,7 +42,7 @@ avail_pool(struct broker *br, const char *model, int type, int mode,
 		if (strcmp(br->br_models[i]->me_name, model) == 0)
 			me = br->br_models[i];
 		else if (strcmp(br->br_models[i]->me_name,
-			     BROKER_MODEL_UNKNOWN) == 0)
+		             BROKER_MODEL_UNKNOWN) == 0)
 			any = br->br_models[i];
 	}
 	if (me == NULL && any == NULL)
@@ -59,8 +59,8 @@ avail_pool(struct broker *br, const char *model, int type, int mode,
 
 		if (b >= any->me_n ||
 		    (a < me->me_n &&
-			me->me_workers[a]->wk_order <
-			    any->me_workers[b]->wk_order))
+		        me->me_workers[a]->wk_order <
+		            any->me_workers[b]->wk_order))
 			w = me->me_workers[a++];
 		else
 			w = any->me_workers[b++];

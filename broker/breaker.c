@@ -40,9 +40,9 @@ breaker_classify(uint32_t http_status, bool transport_error)
 void
 breaker_conf_init(struct breaker_conf *bc, const struct broker_settings *bs)
 {
-	bc->bc_failure_threshold = bs->bs_disable_circuit_breaker ?
-	    UINT32_MAX :
-	    bs->bs_cb_failure_threshold;
+	bc->bc_failure_threshold = bs->bs_disable_circuit_breaker
+	    ? UINT32_MAX
+	    : bs->bs_cb_failure_threshold;
 	bc->bc_success_threshold = bs->bs_cb_success_threshold;
 	bc->bc_timeout_ms = (uint64_t)bs->bs_cb_timeout_secs * 1000;
 	if (bc->bc_failure_threshold == 0)
@@ -112,8 +112,8 @@ breaker_step(struct breaker *b, const struct breaker_conf *bc,
 }
 
 int
-breaker_poll(struct breaker *b, const struct breaker_conf *bc,
-    uint64_t now_ms, enum shm_breaker_state *from)
+breaker_poll(struct breaker *b, const struct breaker_conf *bc, uint64_t now_ms,
+    enum shm_breaker_state *from)
 {
 	*from = b->cb_state;
 	if (b->cb_state != SHM_BREAKER_OPEN)
@@ -150,12 +150,12 @@ breaker_metrics_init(struct broker *br, struct worker *w)
 	    "smg_worker_cb_consecutive_failures", "worker=\"%s\"", u);
 	w->wk_m_cb_succ = server_series(br, METRICS_GAUGE,
 	    "smg_worker_cb_consecutive_successes", "worker=\"%s\"", u);
-	w->wk_m_cb_out_ok = server_series(br, METRICS_COUNTER,
-	    "smg_worker_cb_outcomes_total", "worker=\"%s\",outcome=\"success\"",
-	    u);
-	w->wk_m_cb_out_fail = server_series(br, METRICS_COUNTER,
-	    "smg_worker_cb_outcomes_total", "worker=\"%s\",outcome=\"failure\"",
-	    u);
+	w->wk_m_cb_out_ok =
+	    server_series(br, METRICS_COUNTER, "smg_worker_cb_outcomes_total",
+	        "worker=\"%s\",outcome=\"success\"", u);
+	w->wk_m_cb_out_fail =
+	    server_series(br, METRICS_COUNTER, "smg_worker_cb_outcomes_total",
+	        "worker=\"%s\",outcome=\"failure\"", u);
 	breaker_publish(br, w, w->wk_cb.cb_state, 0);
 }
 
@@ -189,8 +189,8 @@ breaker_record(struct broker *br, struct worker *w, enum breaker_outcome o)
 	enum shm_breaker_state from;
 	int changed;
 
-	changed = breaker_step(&w->wk_cb, &br->br_cbconf, o, shm_now_ms(),
-	    &from);
+	changed =
+	    breaker_step(&w->wk_cb, &br->br_cbconf, o, shm_now_ms(), &from);
 	if (o == BREAKER_SUCCESS)
 		server_metric_add(br, w->wk_m_cb_out_ok, 1);
 	else if (o == BREAKER_FAILURE)

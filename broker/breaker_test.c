@@ -123,11 +123,11 @@ test_half_open_failure_reopens(void **state)
 	assert_int_equal(b.cb_opened_ms, 1002);
 	/* 4xx and 429 in HalfOpen never reopen it. */
 	breaker_poll(&b, &conf, 2002, &from);
-	assert_int_equal(breaker_step(&b, &conf,
-			     breaker_classify(404, false), 2003, &from),
+	assert_int_equal(
+	    breaker_step(&b, &conf, breaker_classify(404, false), 2003, &from),
 	    0);
-	assert_int_equal(breaker_step(&b, &conf,
-			     breaker_classify(429, false), 2004, &from),
+	assert_int_equal(
+	    breaker_step(&b, &conf, breaker_classify(429, false), 2004, &from),
 	    0);
 	assert_int_equal(b.cb_state, SHM_BREAKER_HALF_OPEN);
 	/* Outcomes arriving while Open change nothing. */

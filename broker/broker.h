@@ -19,11 +19,11 @@
 #include "ipc.pb-c.h"
 #include "shared/shm.h"
 
-#define BROKER_MODEL_UNKNOWN	"unknown"
-#define BROKER_NTYPES		4 /* enum Smg__WorkerType values */
-#define BROKER_NMODES		3 /* enum Smg__ConnectionMode values */
-#define BROKER_TICK_SECS	0.25
-#define BROKER_RR_MAX_SETS	1024
+#define BROKER_MODEL_UNKNOWN "unknown"
+#define BROKER_NTYPES        4 /* enum Smg__WorkerType values */
+#define BROKER_NMODES        3 /* enum Smg__ConnectionMode values */
+#define BROKER_TICK_SECS     0.25
+#define BROKER_RR_MAX_SETS   1024
 
 struct broker;
 struct worker;
@@ -37,19 +37,19 @@ struct store;
  */
 struct broker_startup_worker {
 	const char *sw_url;
-	int sw_type;		/* Smg__WorkerType */
+	int sw_type; /* Smg__WorkerType */
 	int32_t sw_bootstrap_port; /* -1 none */
 };
 
 struct broker_settings {
 	const char *bs_state_dir;
 	const char *bs_run_dir;
-	const char *bs_policy;		/* policy name for the default instance */
-	const char *bs_prefill_policy;	/* PD leg policies; NULL = bs_policy */
+	const char *bs_policy; /* policy name for the default instance */
+	const char *bs_prefill_policy; /* PD leg policies; NULL = bs_policy */
 	const char *bs_decode_policy;
 	const char *bs_encode_policy;
 	bool bs_pd;
-	int bs_mode;			/* router connection mode */
+	int bs_mode; /* router connection mode */
 	uint32_t bs_cb_failure_threshold;
 	uint32_t bs_cb_success_threshold;
 	uint32_t bs_cb_timeout_secs;
@@ -60,9 +60,9 @@ struct broker_settings {
 	bool bs_remove_unhealthy;
 	double bs_drain_settle_secs;
 	uint32_t bs_load_monitor_interval;
-	int64_t bs_overload_waiting;	/* 0: unset */
+	int64_t bs_overload_waiting; /* 0: unset */
 	double bs_overload_token_usage; /* 0: unset */
-	const char *bs_api_key;		/* NULL none */
+	const char *bs_api_key; /* NULL none */
 	const struct broker_startup_worker *bs_workers;
 	size_t bs_nworkers;
 };
@@ -83,8 +83,8 @@ struct breaker_conf {
 
 struct breaker {
 	enum shm_breaker_state cb_state;
-	uint32_t cb_failures;	/* consecutive */
-	uint32_t cb_successes;	/* consecutive */
+	uint32_t cb_failures; /* consecutive */
+	uint32_t cb_successes; /* consecutive */
 	uint64_t cb_opened_ms;
 };
 
@@ -119,51 +119,51 @@ void breaker_metrics_init(struct broker *br, struct worker *w);
 /* ---------------------------------------------------------- registry.c */
 
 struct worker_load {
-	bool wl_valid;			/* a report with >= 1 rank */
+	bool wl_valid; /* a report with >= 1 rank */
 	unsigned wl_nranks;
 	int64_t wl_waiting_reqs;
 	int64_t wl_waiting_uncached_tokens;
 	int64_t wl_running_reqs;
-	double wl_token_usage;		/* mean over ranks */
+	double wl_token_usage; /* mean over ranks */
 	double wl_gen_throughput;
-	int64_t wl_fetched_at_ms;	/* CLOCK_REALTIME, from the poller */
-	uint64_t wl_received_ms;	/* our monotonic clock */
+	int64_t wl_fetched_at_ms; /* CLOCK_REALTIME, from the poller */
+	uint64_t wl_received_ms; /* our monotonic clock */
 };
 
 struct model_entry;
 
 struct worker {
-	char *wk_url;			/* no trailing '/' */
+	char *wk_url; /* no trailing '/' */
 	char wk_id[SHM_ID_MAX];
-	uint64_t wk_url_hash;		/* XXH3 of wk_url */
-	char *wk_model;			/* BROKER_MODEL_UNKNOWN until known */
-	char *wk_runtime;		/* "" unknown */
-	int wk_type;			/* Smg__WorkerType */
-	int wk_mode;			/* Smg__ConnectionMode */
-	char *wk_api_key;		/* NULL none */
-	int32_t wk_bootstrap_port;	/* -1 none */
+	uint64_t wk_url_hash; /* XXH3 of wk_url */
+	char *wk_model; /* BROKER_MODEL_UNKNOWN until known */
+	char *wk_runtime; /* "" unknown */
+	int wk_type; /* Smg__WorkerType */
+	int wk_mode; /* Smg__ConnectionMode */
+	char *wk_api_key; /* NULL none */
+	int32_t wk_bootstrap_port; /* -1 none */
 	uint32_t wk_priority;
 	double wk_cost;
-	cJSON *wk_labels;		/* object of strings, owned */
-	cJSON *wk_spec;			/* client's spec without api_key, or NULL */
+	cJSON *wk_labels; /* object of strings, owned */
+	cJSON *wk_spec; /* client's spec without api_key, or NULL */
 	uint32_t wk_order;
 	bool wk_from_cli;
-	bool wk_persist;		/* kept in the store (API-added) */
+	bool wk_persist; /* kept in the store (API-added) */
 	enum shm_worker_status wk_status;
 	struct breaker wk_cb;
 	bool wk_health_disabled;
-	uint32_t wk_health_passes;	/* consecutive */
-	uint32_t wk_health_fails;	/* consecutive */
-	uint32_t wk_probes_pending;	/* probes while Pending */
-	char *wk_error;			/* last discovery error, or NULL */
+	uint32_t wk_health_passes; /* consecutive */
+	uint32_t wk_health_fails; /* consecutive */
+	uint32_t wk_probes_pending; /* probes while Pending */
+	char *wk_error; /* last discovery error, or NULL */
 	bool wk_overloaded;
-	int64_t wk_ov_waiting;		/* effective thresholds, 0 unset */
+	int64_t wk_ov_waiting; /* effective thresholds, 0 unset */
 	double wk_ov_token_usage;
 	struct worker_load wk_load;
 	unsigned wk_slot;
 	uint32_t wk_generation;
 	struct model_entry *wk_me;
-	ev_timer wk_drain;		/* Draining -> removed */
+	ev_timer wk_drain; /* Draining -> removed */
 	/* metric series, -1 when the table was full */
 	int wk_m_cb_state;
 	int wk_m_cb_fail;
@@ -176,10 +176,10 @@ struct worker {
 
 struct model_entry {
 	char *me_name;
-	struct worker **me_workers;	/* registration order */
+	struct worker **me_workers; /* registration order */
 	unsigned me_n;
 	unsigned me_cap;
-	struct policy *me_policy;	/* owned; NULL: the default instance */
+	struct policy *me_policy; /* owned; NULL: the default instance */
 	bool me_policy_decided;
 	/* smg_worker_selection_total series by type, mode; -2 not yet */
 	int me_sel_series[BROKER_NTYPES][BROKER_NMODES];
@@ -191,7 +191,7 @@ struct model_entry {
 /* Fields a new worker is created with. Strings are copied. */
 struct worker_spec {
 	const char *ws_url;
-	const char *ws_model;		/* NULL/"" unknown */
+	const char *ws_model; /* NULL/"" unknown */
 	const char *ws_runtime;
 	int ws_type;
 	int ws_mode;
@@ -199,11 +199,11 @@ struct worker_spec {
 	int32_t ws_bootstrap_port;
 	uint32_t ws_priority;
 	double ws_cost;
-	const cJSON *ws_labels;		/* copied */
-	const cJSON *ws_spec;		/* copied */
+	const cJSON *ws_labels; /* copied */
+	const cJSON *ws_spec; /* copied */
 	bool ws_from_cli;
-	bool ws_health_disabled;	/* spec health.disable_health_check */
-	int64_t ws_ov_waiting;		/* per-worker overload overrides, 0 unset */
+	bool ws_health_disabled; /* spec health.disable_health_check */
+	int64_t ws_ov_waiting; /* per-worker overload overrides, 0 unset */
 	double ws_ov_token_usage;
 };
 
@@ -240,8 +240,7 @@ struct worker *registry_find(struct broker *br, const char *id_or_url);
 struct worker *registry_by_slot(struct broker *br, unsigned slot,
     uint32_t generation);
 /* Moves w to another model (discovery); decides the model's policy. */
-void registry_set_model(struct broker *br, struct worker *w,
-    const char *model);
+void registry_set_model(struct broker *br, struct worker *w, const char *model);
 void registry_set_status(struct broker *br, struct worker *w,
     enum shm_worker_status st);
 void registry_set_overloaded(struct broker *br, struct worker *w, bool on);
@@ -280,7 +279,7 @@ bool avail_worker(struct broker *br, struct worker *w);
 struct policy_ops {
 	const char *po_name;
 	bool po_needs_text;
-	const char *po_branch_metric;	/* NULL: none */
+	const char *po_branch_metric; /* NULL: none */
 	void *(*po_new)(bool builtin_defaults);
 	void (*po_free)(void *state);
 	/* Index into c[0..n-1], or -1 for none. n >= 1. */
@@ -294,8 +293,8 @@ struct policy_ops {
 struct policy {
 	const struct policy_ops *pl_ops;
 	void *pl_state;
-	bool pl_builtin;	/* built-in defaults, not CLI flags */
-	bool pl_warned;		/* one-shot warnings (passthrough) */
+	bool pl_builtin; /* built-in defaults, not CLI flags */
+	bool pl_warned; /* one-shot warnings (passthrough) */
 };
 
 extern const struct policy_ops policy_random_ops;
@@ -329,7 +328,8 @@ void policy_notify_report(struct broker *br, struct worker *w);
 /* Uniform in [0, n), n >= 1 (xoshiro256**, seeded from getrandom). */
 uint32_t policy_rand_below(uint32_t n);
 
-/* ---------------------------------------------------------- policy_round_robin.c */
+/* ----------------------------------------------------------
+ * policy_round_robin.c */
 
 /* Rotation count of the set c[0..n-1] in a round_robin state (tests). */
 uint64_t policy_round_robin_counter(void *state, struct worker *const *c,
@@ -415,19 +415,19 @@ struct broker {
 	struct ipc_server *br_pull;
 	/* registry */
 	struct worker *br_slots[SHM_MAX_WORKERS];
-	struct worker **br_order;	/* registration order */
+	struct worker **br_order; /* registration order */
 	unsigned br_nworkers;
 	uint32_t br_next_order;
 	struct model_entry **br_models;
 	unsigned br_nmodels;
-	struct shm_worker *br_adopt;	/* startup snapshot, NULL after */
+	struct shm_worker *br_adopt; /* startup snapshot, NULL after */
 	bool *br_adopted;
-	int *br_pool_series;		/* smg_worker_pool_size series set */
+	int *br_pool_series; /* smg_worker_pool_size series set */
 	unsigned br_npool_series;
 	unsigned br_cpool_series;
 	/* policies */
 	struct policy *br_default;
-	struct policy *br_legs[4];	/* by Smg__Leg; [0] unused */
+	struct policy *br_legs[4]; /* by Smg__Leg; [0] unused */
 	/* scratch for decisions (no allocation per decision) */
 	struct worker *br_cands[SHM_MAX_WORKERS];
 	/* metrics */

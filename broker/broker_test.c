@@ -82,9 +82,9 @@ fx_setup(void **state)
 	f->bs.bs_disable_health_check = true;
 	f->bs.bs_drain_settle_secs = 0;
 	f->bs.bs_load_monitor_interval = 7;
-	f->sw[0] = (struct broker_startup_worker){ "http://a:1/", 0, -1 };
-	f->sw[1] = (struct broker_startup_worker){ "http://b:2", 0, -1 };
-	f->sw[2] = (struct broker_startup_worker){ "http://c:3", 0, -1 };
+	f->sw[0] = (struct broker_startup_worker) { "http://a:1/", 0, -1 };
+	f->sw[1] = (struct broker_startup_worker) { "http://b:2", 0, -1 };
+	f->sw[2] = (struct broker_startup_worker) { "http://c:3", 0, -1 };
 	f->bs.bs_workers = f->sw;
 	f->bs.bs_nworkers = 3;
 	f->loop = ev_default_loop(0);
@@ -291,8 +291,7 @@ fx_health(struct fx *f, struct worker *w, bool passed)
 }
 
 static void
-fx_load(struct fx *f, struct worker *w, bool ok, int64_t waiting,
-    double usage)
+fx_load(struct fx *f, struct worker *w, bool ok, int64_t waiting, double usage)
 {
 	Smg__PollerMsg m = SMG__POLLER_MSG__INIT;
 	Smg__LoadReport l = SMG__LOAD_REPORT__INIT;
@@ -359,8 +358,8 @@ test_route_round_robin(void **state)
 		assert_int_equal(sw.sw_status, SHM_WORKER_READY);
 	}
 	assert_int_equal(metric(f, "smg_worker_selection_total",
-			     "worker_type=\"regular\",connection_mode=\"http\","
-			     "model=\"unknown\",policy=\"round_robin\""),
+	                     "worker_type=\"regular\",connection_mode=\"http\","
+	                     "model=\"unknown\",policy=\"round_robin\""),
 	    4);
 }
 
@@ -411,16 +410,16 @@ test_candidate_filter(void **state)
 	c = fx_worker(f, "http://c:3");
 	/* Type and mode narrow the pool. */
 	assert_int_equal(fx_add(f,
-			     "{\"url\":\"http://p:9\",\"worker_type\":"
-			     "\"prefill\",\"health\":{\"disable_health_check\":"
-			     "true}}",
-			     &body, NULL, 0),
+	                     "{\"url\":\"http://p:9\",\"worker_type\":"
+	                     "\"prefill\",\"health\":{\"disable_health_check\":"
+	                     "true}}",
+	                     &body, NULL, 0),
 	    202);
 	cJSON_Delete(body);
 	assert_int_equal(fx_add(f,
-			     "{\"url\":\"grpc://g:9\",\"health\":"
-			     "{\"disable_health_check\":true}}",
-			     &body, NULL, 0),
+	                     "{\"url\":\"grpc://g:9\",\"health\":"
+	                     "{\"disable_health_check\":true}}",
+	                     &body, NULL, 0),
 	    202);
 	cJSON_Delete(body);
 	n = avail_pool(f->br, "", SMG__WORKER_TYPE__WORKER_TYPE_REGULAR,
@@ -507,8 +506,8 @@ test_exclude_and_overload_shed(void **state)
 	assert_string_equal(d.code, "no_available_workers");
 	assert_true(d.terminal);
 	assert_int_equal(d.retry_after, 7);
-	assert_int_equal(metric(f, "smg_worker_overload_shed_total",
-			     "stage=\"selection\""),
+	assert_int_equal(
+	    metric(f, "smg_worker_overload_shed_total", "stage=\"selection\""),
 	    1);
 	/* A failed fetch clears the flag; a lower report too. */
 	fx_load(f, fx_worker(f, "http://b:2"), false, 0, 0);
@@ -529,25 +528,25 @@ test_policy_label(void **state)
 	f->bs.bs_nworkers = 0;
 	fx_start(f);
 	assert_int_equal(fx_add(f,
-			     "{\"url\":\"http://x1:1\",\"models\":[{\"id\":"
-			     "\"mx\"}],\"labels\":{\"policy\":\"Random\"},"
-			     "\"health\":{\"disable_health_check\":true}}",
-			     &body, NULL, 0),
+	                     "{\"url\":\"http://x1:1\",\"models\":[{\"id\":"
+	                     "\"mx\"}],\"labels\":{\"policy\":\"Random\"},"
+	                     "\"health\":{\"disable_health_check\":true}}",
+	                     &body, NULL, 0),
 	    202);
 	cJSON_Delete(body);
 	/* A later label for the same model is ignored. */
 	assert_int_equal(fx_add(f,
-			     "{\"url\":\"http://x2:1\",\"models\":[{\"id\":"
-			     "\"mx\"}],\"labels\":{\"policy\":\"passthrough\"},"
-			     "\"health\":{\"disable_health_check\":true}}",
-			     &body, NULL, 0),
+	                     "{\"url\":\"http://x2:1\",\"models\":[{\"id\":"
+	                     "\"mx\"}],\"labels\":{\"policy\":\"passthrough\"},"
+	                     "\"health\":{\"disable_health_check\":true}}",
+	                     &body, NULL, 0),
 	    202);
 	cJSON_Delete(body);
 	assert_int_equal(fx_add(f,
-			     "{\"url\":\"http://y1:1\",\"models\":[{\"id\":"
-			     "\"my\"}],\"labels\":{\"policy\":\"bogus\"},"
-			     "\"health\":{\"disable_health_check\":true}}",
-			     &body, NULL, 0),
+	                     "{\"url\":\"http://y1:1\",\"models\":[{\"id\":"
+	                     "\"my\"}],\"labels\":{\"policy\":\"bogus\"},"
+	                     "\"health\":{\"disable_health_check\":true}}",
+	                     &body, NULL, 0),
 	    202);
 	cJSON_Delete(body);
 	fx_route(f, "mx", &d);
@@ -561,11 +560,12 @@ test_policy_label(void **state)
 	registry_remove(f->br, fx_worker(f, "http://x2:1"));
 	fx_route(f, "mx", &d);
 	assert_int_equal(d.http_status, 404);
-	assert_int_equal(fx_add(f,
-			     "{\"url\":\"http://x3:1\",\"models\":[{\"id\":"
-			     "\"mx\"}],\"labels\":{\"policy\":\"pass_through\"},"
-			     "\"health\":{\"disable_health_check\":true}}",
-			     &body, NULL, 0),
+	assert_int_equal(
+	    fx_add(f,
+	        "{\"url\":\"http://x3:1\",\"models\":[{\"id\":"
+	        "\"mx\"}],\"labels\":{\"policy\":\"pass_through\"},"
+	        "\"health\":{\"disable_health_check\":true}}",
+	        &body, NULL, 0),
 	    202);
 	cJSON_Delete(body);
 	fx_route(f, "mx", &d);
@@ -584,11 +584,11 @@ test_admin_shapes(void **state)
 	fx_start(f);
 	fx_discovery(f, fx_worker(f, "http://a:1"), true, "");
 	assert_int_equal(fx_add(f,
-			     "{\"url\":\"http://new:8000/\",\"worker_type\":"
-			     "\"decode\",\"api_key\":\"sekret\",\"labels\":"
-			     "{\"zone\":\"z1\"},\"priority\":7,\"cost\":2.5,"
-			     "\"dp_size\":2}",
-			     &body, loc, sizeof(loc)),
+	                     "{\"url\":\"http://new:8000/\",\"worker_type\":"
+	                     "\"decode\",\"api_key\":\"sekret\",\"labels\":"
+	                     "{\"zone\":\"z1\"},\"priority\":7,\"cost\":2.5,"
+	                     "\"dp_size\":2}",
+	                     &body, loc, sizeof(loc)),
 	    202);
 	assert_string_equal(cJSON_GetObjectItem(body, "status")->valuestring,
 	    "accepted");
@@ -605,19 +605,18 @@ test_admin_shapes(void **state)
 	    "Worker addition queued for background processing");
 	cJSON_Delete(body);
 	/* The same URL again. */
-	assert_int_equal(fx_add(f, "{\"url\":\"http://new:8000\"}", &body, NULL,
-			     0),
-	    409);
+	assert_int_equal(
+	    fx_add(f, "{\"url\":\"http://new:8000\"}", &body, NULL, 0), 409);
 	assert_string_equal(cJSON_GetObjectItem(body, "code")->valuestring,
 	    "worker_already_exists");
 	cJSON_Delete(body);
 	/* GET by id and by url. */
 	for (i = 0; i < 2; i++) {
 		assert_int_equal(fx_simple(f, SMG__ADMIN_REQUEST__OP_GET_WORKER,
-				     i == 0 ? id : "http://new:8000", &body),
+		                     i == 0 ? id : "http://new:8000", &body),
 		    200);
-		assert_string_equal(cJSON_GetObjectItem(body, "id")->valuestring,
-		    id);
+		assert_string_equal(
+		    cJSON_GetObjectItem(body, "id")->valuestring, id);
 		assert_string_equal(
 		    cJSON_GetObjectItem(body, "model_id")->valuestring,
 		    "unknown");
@@ -630,31 +629,30 @@ test_admin_shapes(void **state)
 		assert_string_equal(
 		    cJSON_GetObjectItem(body, "status")->valuestring,
 		    "Pending");
-		assert_true(cJSON_IsFalse(cJSON_GetObjectItem(body,
-		    "is_healthy")));
-		assert_int_equal(cJSON_GetObjectItem(body, "load")->valueint, 0);
-		assert_int_equal(cJSON_GetObjectItem(body, "priority")->valueint,
-		    7);
+		assert_true(
+		    cJSON_IsFalse(cJSON_GetObjectItem(body, "is_healthy")));
+		assert_int_equal(cJSON_GetObjectItem(body, "load")->valueint,
+		    0);
+		assert_int_equal(
+		    cJSON_GetObjectItem(body, "priority")->valueint, 7);
 		assert_int_equal(cJSON_GetObjectItem(body, "dp_size")->valueint,
 		    2);
-		assert_string_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(
-						 body, "labels"),
-					"zone")
-					->valuestring,
+		assert_string_equal(
+		    cJSON_GetObjectItem(cJSON_GetObjectItem(body, "labels"),
+		        "zone")
+		        ->valuestring,
 		    "z1");
 		it = cJSON_GetObjectItem(body, "job_status");
-		assert_string_equal(cJSON_GetObjectItem(it, "status")->valuestring,
-		    "pending");
+		assert_string_equal(
+		    cJSON_GetObjectItem(it, "status")->valuestring, "pending");
 		assert_null(cJSON_GetObjectItem(body, "api_key"));
 		cJSON_Delete(body);
 	}
 	/* List with stats, and with a model filter. */
-	assert_int_equal(fx_simple(f, SMG__ADMIN_REQUEST__OP_LIST_WORKERS, "",
-			     &body),
-	    200);
-	assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(body,
-			     "workers")),
-	    4);
+	assert_int_equal(
+	    fx_simple(f, SMG__ADMIN_REQUEST__OP_LIST_WORKERS, "", &body), 200);
+	assert_int_equal(
+	    cJSON_GetArraySize(cJSON_GetObjectItem(body, "workers")), 4);
 	assert_int_equal(cJSON_GetObjectItem(body, "total")->valueint, 4);
 	it = cJSON_GetObjectItem(body, "stats");
 	assert_int_equal(cJSON_GetObjectItem(it, "regular_count")->valueint, 3);
@@ -667,23 +665,22 @@ test_admin_shapes(void **state)
 	assert_true(cJSON_IsNull(cJSON_GetObjectItem(w, "job_status")));
 	cJSON_Delete(body);
 	fx_discovery(f, fx_worker(f, "http://b:2"), true, "m9");
-	assert_int_equal(fx_simple(f, SMG__ADMIN_REQUEST__OP_LIST_WORKERS,
-			     "m9", &body),
+	assert_int_equal(
+	    fx_simple(f, SMG__ADMIN_REQUEST__OP_LIST_WORKERS, "m9", &body),
 	    200);
 	assert_int_equal(cJSON_GetObjectItem(body, "total")->valueint, 1);
 	cJSON_Delete(body);
 	/* Unknown id. */
-	assert_int_equal(fx_simple(f, SMG__ADMIN_REQUEST__OP_GET_WORKER, "nope",
-			     &body),
+	assert_int_equal(
+	    fx_simple(f, SMG__ADMIN_REQUEST__OP_GET_WORKER, "nope", &body),
 	    404);
 	assert_string_equal(cJSON_GetObjectItem(body, "code")->valuestring,
 	    "worker_not_found");
 	assert_non_null(cJSON_GetObjectItem(body, "error"));
 	cJSON_Delete(body);
 	/* DELETE: Draining, then gone after the settle time. */
-	assert_int_equal(fx_simple(f, SMG__ADMIN_REQUEST__OP_REMOVE_WORKER, id,
-			     &body),
-	    202);
+	assert_int_equal(
+	    fx_simple(f, SMG__ADMIN_REQUEST__OP_REMOVE_WORKER, id, &body), 202);
 	assert_string_equal(cJSON_GetObjectItem(body, "message")->valuestring,
 	    "Worker removal queued for background processing");
 	assert_string_equal(cJSON_GetObjectItem(body, "worker_id")->valuestring,
@@ -693,9 +690,8 @@ test_admin_shapes(void **state)
 	for (i = 0; i < 5 && registry_find(f->br, id) != NULL; i++)
 		ev_run(f->loop, EVRUN_NOWAIT);
 	assert_null(registry_find(f->br, id));
-	assert_int_equal(fx_simple(f, SMG__ADMIN_REQUEST__OP_REMOVE_WORKER, id,
-			     &body),
-	    404);
+	assert_int_equal(
+	    fx_simple(f, SMG__ADMIN_REQUEST__OP_REMOVE_WORKER, id, &body), 404);
 	cJSON_Delete(body);
 }
 
@@ -852,7 +848,7 @@ test_reports_lifecycle(void **state)
 	fx_health(f, c, false);
 	assert_int_equal(c->wk_status, SHM_WORKER_FAILED);
 	assert_int_equal(metric(f, "smg_worker_health_checks_total",
-			     "worker_type=\"regular\",result=\"failure\""),
+	                     "worker_type=\"regular\",result=\"failure\""),
 	    9);
 }
 
@@ -882,11 +878,11 @@ test_outcomes_breaker(void **state)
 		assert_string_not_equal(d.url, "http://a:1");
 	}
 	assert_int_equal(metric(f, "smg_worker_cb_transitions_total",
-			     "worker=\"http://a:1\",from=\"closed\","
-			     "to=\"open\""),
+	                     "worker=\"http://a:1\",from=\"closed\","
+	                     "to=\"open\""),
 	    1);
 	assert_int_equal(metric(f, "smg_worker_cb_outcomes_total",
-			     "worker=\"http://a:1\",outcome=\"success\""),
+	                     "worker=\"http://a:1\",outcome=\"success\""),
 	    10);
 	f->br->br_cbconf.bc_timeout_ms = 0;
 	fx_route(f, "", &d);
@@ -936,12 +932,12 @@ test_store_roundtrip(void **state)
 	assert_true(store_pending(st));
 	assert_int_equal(store_txn_count(st), 0);
 	assert_int_equal(store_each(st, collect, &r), 0);
-	assert_int_equal(r.n, 0);	/* nothing written yet */
+	assert_int_equal(r.n, 0); /* nothing written yet */
 	assert_int_equal(store_flush(st), 0);
 	assert_int_equal(store_txn_count(st), 1);
 	assert_false(store_pending(st));
 	store_put(st, "http://k4", "v4");
-	store_close(st);	/* flushes */
+	store_close(st); /* flushes */
 	st = store_open(f->state);
 	assert_non_null(st);
 	memset(&r, 0, sizeof(r));
@@ -997,19 +993,18 @@ test_restart_keeps_workers(void **state)
 	slot_a = a->wk_slot;
 	gen_a = a->wk_generation;
 	assert_int_equal(fx_add(f,
-			     "{\"url\":\"http://api:7\",\"models\":[{\"id\":"
-			     "\"mm\"}],\"labels\":{\"k\":\"v\"},\"api_key\":"
-			     "\"key1\",\"bootstrap_port\":8998}",
-			     &body, NULL, 0),
+	                     "{\"url\":\"http://api:7\",\"models\":[{\"id\":"
+	                     "\"mm\"}],\"labels\":{\"k\":\"v\"},\"api_key\":"
+	                     "\"key1\",\"bootstrap_port\":8998}",
+	                     &body, NULL, 0),
 	    202);
 	cJSON_Delete(body);
-	assert_int_equal(fx_add(f, "{\"url\":\"http://gone:7\"}", &body, NULL,
-			     0),
-	    202);
+	assert_int_equal(
+	    fx_add(f, "{\"url\":\"http://gone:7\"}", &body, NULL, 0), 202);
 	cJSON_Delete(body);
 	slot_n = fx_worker(f, "http://api:7")->wk_slot;
 	assert_int_equal(fx_simple(f, SMG__ADMIN_REQUEST__OP_REMOVE_WORKER,
-			     "http://gone:7", &body),
+	                     "http://gone:7", &body),
 	    202);
 	cJSON_Delete(body);
 	server_free(f->br);
@@ -1043,24 +1038,24 @@ main(void)
 		    fx_setup, fx_teardown),
 		cmocka_unit_test_setup_teardown(test_route_errors, fx_setup,
 		    fx_teardown),
-		cmocka_unit_test_setup_teardown(test_candidate_filter,
-		    fx_setup, fx_teardown),
+		cmocka_unit_test_setup_teardown(test_candidate_filter, fx_setup,
+		    fx_teardown),
 		cmocka_unit_test_setup_teardown(test_exclude_and_overload_shed,
 		    fx_setup, fx_teardown),
 		cmocka_unit_test_setup_teardown(test_policy_label, fx_setup,
 		    fx_teardown),
 		cmocka_unit_test_setup_teardown(test_admin_shapes, fx_setup,
 		    fx_teardown),
-		cmocka_unit_test_setup_teardown(test_admin_validation,
-		    fx_setup, fx_teardown),
+		cmocka_unit_test_setup_teardown(test_admin_validation, fx_setup,
+		    fx_teardown),
 		cmocka_unit_test_setup_teardown(test_malformed_and_ping,
 		    fx_setup, fx_teardown),
 		cmocka_unit_test_setup_teardown(test_reports_lifecycle,
 		    fx_setup, fx_teardown),
-		cmocka_unit_test_setup_teardown(test_outcomes_breaker,
-		    fx_setup, fx_teardown),
-		cmocka_unit_test_setup_teardown(test_store_roundtrip,
-		    fx_setup, fx_teardown),
+		cmocka_unit_test_setup_teardown(test_outcomes_breaker, fx_setup,
+		    fx_teardown),
+		cmocka_unit_test_setup_teardown(test_store_roundtrip, fx_setup,
+		    fx_teardown),
 		cmocka_unit_test_setup_teardown(test_write_behind, fx_setup,
 		    fx_teardown),
 		cmocka_unit_test_setup_teardown(test_restart_keeps_workers,

@@ -1,16 +1,19 @@
 /*
- * e2e_test.c: the broker serving its real sockets in a child process,
- * driven by an nng REQ client: Ping, a malformed message, an add through
- * the worker API, SIGKILL shortly after, and a restarted broker that still
- * has the worker; SIGTERM exits 0 within a second.
+ * e2e_test.c: the smg-broker binary (next to the test's build folder)
+ * serving its real sockets in a child process, driven by an nng REQ client:
+ * Ping, a malformed message, an add through the worker API, SIGKILL shortly
+ * after, and a restarted broker that still has the worker; SIGTERM exits 0
+ * within a second.
  */
 #define _XOPEN_SOURCE 700
 #include <sys/wait.h>
 
+#include <fcntl.h>
 #include <ftw.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -27,11 +30,7 @@
 #include "shared/log.h"
 #include "shared/shm.h"
 
-#include "broker/broker.h"
-
-static char dir[64], run[128], state_dir[128];
-static struct broker_settings bs;
-static struct broker_startup_worker sw[1] = { { "http://boot:1", 0, -1 } };
+static char dir[64], run[128], state_dir[128], broker_bin[4096];
 
 static int rm_cb(const char *path, const struct stat *sb, int flag,
     struct FTW *ftw);
@@ -53,21 +52,42 @@ sleep_ms(long ms)
 	nanosleep(&ts, NULL);
 }
 
+/* Forks and execs the binary (nng must not be used across fork). */
 static pid_t
 start_broker(void)
 {
-	struct ev_loop *loop;
-	struct broker *br;
+	char *argv[] = { broker_bin, "--policy", "round_robin", "--worker-urls",
+		"http://boot:1", "--state-dir", state_dir, "--run-dir", run,
+		"--log-level", "info", NULL };
+	char log[192];
 	pid_t pid;
+	int fd;
 
 	if ((pid = fork()) != 0)
 		return pid;
-	loop = ev_default_loop(0);
-	if ((br = server_new(loop, &bs, true)) == NULL)
-		_exit(3);
-	ev_run(loop, 0);
-	server_free(br);
-	_exit(0);
+	snprintf(log, sizeof(log), "%s/broker.log", dir);
+	if ((fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0600)) != -1) {
+		dup2(fd, 1);
+		dup2(fd, 2);
+	}
+	execv(broker_bin, argv);
+	_exit(127);
+}
+
+static bool
+log_has(const char *needle)
+{
+	char path[192], line[1024];
+	bool found = false;
+	FILE *fp;
+
+	snprintf(path, sizeof(path), "%s/broker.log", dir);
+	if ((fp = fopen(path, "r")) == NULL)
+		return false;
+	while (!found && fgets(line, sizeof(line), fp) != NULL)
+		found = strstr(line, needle) != NULL;
+	fclose(fp);
+	return found;
 }
 
 /* One request/reply; NULL when the broker did not answer in time. */
@@ -117,8 +137,7 @@ client(void)
 	assert_int_equal(nng_req0_open(&s), 0);
 	assert_int_equal(nng_socket_set_ms(s, NNG_OPT_RECVTIMEO, 500), 0);
 	assert_int_equal(nng_socket_set_ms(s, NNG_OPT_SENDTIMEO, 500), 0);
-	assert_int_equal(nng_socket_set_ms(s, NNG_OPT_REQ_RESENDTIME, 200),
-	    0);
+	assert_int_equal(nng_socket_set_ms(s, NNG_OPT_REQ_RESENDTIME, 200), 0);
 	assert_int_equal(nng_dial(s, url, NULL, NNG_FLAG_NONBLOCK), 0);
 	m.body_case = SMG__FRONTEND_MSG__BODY_PING;
 	m.ping = &ping;
@@ -157,13 +176,15 @@ test_kill_and_restart(void **unused)
 	(void)unused;
 	pid = start_broker();
 	s = client();
+	assert_true(log_has("smg-broker: serving ipc://"));
+	assert_true(log_has("1 workers, policy round_robin, state"));
 	/* Malformed input gets an ErrorReply and the broker keeps going. */
 	r = call(s, junk, sizeof(junk));
 	assert_non_null(r);
 	assert_int_equal(r->body_case, SMG__BROKER_REPLY__BODY_ERROR);
 	smg__broker_reply__free_unpacked(r, NULL);
 	spec.spec_json = "{\"url\":\"http://added:9\",\"models\":[{\"id\":"
-			 "\"m1\"}]}";
+	                 "\"m1\"}]}";
 	a.op_case = SMG__ADMIN_REQUEST__OP_ADD_WORKER;
 	a.add_worker = &spec;
 	assert_non_null(r = admin(s, &a));
@@ -200,6 +221,9 @@ test_kill_and_restart(void **unused)
 	assert_true(i < 20);
 	assert_true(WIFEXITED(st));
 	assert_int_equal(WEXITSTATUS(st), 0);
+	assert_true(log_has("frontend message rejected: malformed"));
+	assert_false(log_has("AddressSanitizer"));
+	assert_false(log_has("runtime error"));
 }
 
 int
@@ -208,6 +232,8 @@ main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_kill_and_restart),
 	};
+	char *slash;
+	ssize_t n;
 	int rc;
 
 	log_init("e2e_test", LOG_LEVEL_WARN);
@@ -216,18 +242,18 @@ main(void)
 		return 1;
 	snprintf(run, sizeof(run), "%s/run", dir);
 	snprintf(state_dir, sizeof(state_dir), "%s/state", dir);
-	bs.bs_state_dir = state_dir;
-	bs.bs_run_dir = run;
-	bs.bs_policy = "round_robin";
-	bs.bs_cb_failure_threshold = 10;
-	bs.bs_cb_success_threshold = 3;
-	bs.bs_cb_timeout_secs = 60;
-	bs.bs_health_failure_threshold = 3;
-	bs.bs_health_success_threshold = 2;
-	bs.bs_drain_settle_secs = 5;
-	bs.bs_load_monitor_interval = 10;
-	bs.bs_workers = sw;
-	bs.bs_nworkers = 1;
+	/* The binary is at the build root, the test in <build>/broker. */
+	n = readlink("/proc/self/exe", broker_bin, sizeof(broker_bin) - 32);
+	if (n <= 0)
+		return 1;
+	broker_bin[n] = '\0';
+	if ((slash = strrchr(broker_bin, '/')) == NULL)
+		return 1;
+	strcpy(slash, "/../smg-broker");
+	if (access(broker_bin, X_OK) == -1) {
+		fprintf(stderr, "%s not built\n", broker_bin);
+		return 1;
+	}
 	rc = cmocka_run_group_tests(tests, NULL, NULL);
 	shm_unlink_segment(run);
 	nftw(dir, rm_cb, 8, FTW_DEPTH | FTW_PHYS);

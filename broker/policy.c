@@ -17,7 +17,7 @@
 #include "broker.h"
 
 struct policy_alias {
-	const char *pa_name;		/* user spelling, underscores removed */
+	const char *pa_name; /* user spelling, underscores removed */
 	const char *pa_canonical;
 };
 
@@ -110,8 +110,8 @@ policy_new(const char *name, bool builtin_defaults)
 	p = xcalloc(1, sizeof(*p));
 	p->pl_ops = ops;
 	p->pl_builtin = builtin_defaults;
-	p->pl_state = ops->po_new != NULL ? ops->po_new(builtin_defaults) :
-					    NULL;
+	p->pl_state =
+	    ops->po_new != NULL ? ops->po_new(builtin_defaults) : NULL;
 	return p;
 }
 
@@ -162,27 +162,27 @@ policy_decide_model(struct broker *br, struct model_entry *me,
 	me->me_policy_decided = true;
 	if (strcmp(me->me_name, BROKER_MODEL_UNKNOWN) == 0)
 		return;
-	lab = first->wk_labels != NULL ?
-	    cJSON_GetObjectItemCaseSensitive(first->wk_labels, "policy") :
-	    NULL;
+	lab = first->wk_labels != NULL
+	    ? cJSON_GetObjectItemCaseSensitive(first->wk_labels, "policy")
+	    : NULL;
 	if (!cJSON_IsString(lab) || lab->valuestring == NULL)
 		return;
 	if ((canon = policy_canonical(lab->valuestring)) == NULL) {
 		log_warnx("%s: model %s: unknown policy label '%s', using "
-			  "the default policy",
+		          "the default policy",
 		    __func__, me->me_name, lab->valuestring);
 		return;
 	}
 	if (!policy_implemented(canon)) {
 		log_warnx("%s: model %s: policy %s not implemented, using "
-			  "the default policy",
+		          "the default policy",
 		    __func__, me->me_name, canon);
 		return;
 	}
 	def = policy_canonical(br->br_set->bs_policy);
 	/* Same type as --policy: CLI tunables; another: built-in ones. */
-	me->me_policy = policy_new(canon,
-	    def == NULL || strcmp(def, canon) != 0);
+	me->me_policy =
+	    policy_new(canon, def == NULL || strcmp(def, canon) != 0);
 	log_info("%s: model %s uses its own %s instance (%s settings)",
 	    __func__, me->me_name, canon,
 	    me->me_policy->pl_builtin ? "built-in" : "command-line");

@@ -22,7 +22,7 @@ passthrough_select(struct policy *p, struct worker *const *c, unsigned n,
 	if (n > 1 && !p->pl_warned) {
 		p->pl_warned = true;
 		log_warnx("%s: %u candidates offered, passthrough always "
-			  "routes to the first (%s)",
+		          "routes to the first (%s)",
 		    __func__, n, c[0]->wk_url);
 	}
 	return 0;

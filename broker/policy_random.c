@@ -4,8 +4,8 @@
  */
 #include "broker.h"
 
-static int random_select(struct policy *p, struct worker *const *c,
-    unsigned n, const Smg__RouteRequest *req);
+static int random_select(struct policy *p, struct worker *const *c, unsigned n,
+    const Smg__RouteRequest *req);
 
 const struct policy_ops policy_random_ops = {
 	.po_name = "random",

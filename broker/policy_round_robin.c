@@ -18,8 +18,8 @@
 struct rr_set {
 	uint64_t rs_key;
 	uint64_t rs_counter;
-	uint64_t rs_used;	/* LRU clock at last use */
-	int rs_next;		/* chain in rr_buckets, -1 end */
+	uint64_t rs_used; /* LRU clock at last use */
+	int rs_next; /* chain in rr_buckets, -1 end */
 };
 
 struct rr_state {
@@ -34,8 +34,7 @@ static void rr_free(void *state);
 static int rr_select(struct policy *p, struct worker *const *c, unsigned n,
     const Smg__RouteRequest *req);
 static uint64_t rr_key(struct worker *const *c, unsigned n);
-static struct rr_set *rr_lookup(struct rr_state *rr, uint64_t key,
-    bool create);
+static struct rr_set *rr_lookup(struct rr_state *rr, uint64_t key, bool create);
 static void rr_unlink(struct rr_state *rr, int idx);
 
 const struct policy_ops policy_round_robin_ops = {
@@ -110,8 +109,7 @@ rr_lookup(struct rr_state *rr, uint64_t key, bool create)
 		/* Evict the least recently used set (new sets are rare). */
 		idx = 0;
 		for (i = 1; i < BROKER_RR_MAX_SETS; i++) {
-			if (rr->rr_sets[i].rs_used <
-			    rr->rr_sets[idx].rs_used)
+			if (rr->rr_sets[i].rs_used < rr->rr_sets[idx].rs_used)
 				idx = (int)i;
 		}
 		rr_unlink(rr, idx);

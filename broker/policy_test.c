@@ -154,7 +154,7 @@ test_passthrough(void **state)
 	assert_int_not_equal(dup2(fileno(cap), 2), -1);
 	assert_false(p->pl_warned);
 	assert_int_equal(pick(p, c, 1), 2);
-	assert_false(p->pl_warned);	/* one candidate: nothing to say */
+	assert_false(p->pl_warned); /* one candidate: nothing to say */
 	for (i = 0; i < 5; i++)
 		assert_int_equal(pick(p, c, 3), 2);
 	assert_true(p->pl_warned);

@@ -27,8 +27,8 @@ static void registry_model_free(struct broker *br, struct model_entry *me);
 static void registry_drain_cb(struct ev_loop *loop, ev_timer *t, int revents);
 static void registry_worker_free(struct worker *w);
 static void registry_pool_track(struct broker *br, int series);
-static void registry_overload_count(struct broker *br,
-    struct model_entry *me, int delta);
+static void registry_overload_count(struct broker *br, struct model_entry *me,
+    int delta);
 
 int
 registry_normalize_url(const char *url, char *buf, size_t len, char *err,
@@ -217,7 +217,7 @@ registry_pick_slot(struct broker *br, const char *url, bool *adopted)
 			continue;
 		if (br->br_adopt != NULL && br->br_adopt[i].sw_in_use &&
 		    !br->br_adopted[i])
-			continue;	/* may still be adopted at startup */
+			continue; /* may still be adopted at startup */
 		if (br->br_adopt == NULL && seg->sh_workers[i].ws_w.sw_in_use)
 			continue;
 		return (int)i;
@@ -343,39 +343,39 @@ registry_add(struct broker *br, const struct worker_spec *ws, bool persist,
 	w->wk_url = xstrdup(ws->ws_url);
 	registry_worker_id(w->wk_url, w->wk_id);
 	w->wk_url_hash = XXH3_64bits(w->wk_url, strlen(w->wk_url));
-	w->wk_model = xstrdup(ws->ws_model != NULL && *ws->ws_model != '\0' ?
-		ws->ws_model :
-		BROKER_MODEL_UNKNOWN);
+	w->wk_model = xstrdup(ws->ws_model != NULL && *ws->ws_model != '\0'
+	        ? ws->ws_model
+	        : BROKER_MODEL_UNKNOWN);
 	w->wk_runtime = xstrdup(ws->ws_runtime != NULL ? ws->ws_runtime : "");
 	w->wk_type = ws->ws_type;
 	w->wk_mode = ws->ws_mode;
-	w->wk_api_key = ws->ws_api_key != NULL && *ws->ws_api_key != '\0' ?
-	    xstrdup(ws->ws_api_key) :
-	    NULL;
+	w->wk_api_key = ws->ws_api_key != NULL && *ws->ws_api_key != '\0'
+	    ? xstrdup(ws->ws_api_key)
+	    : NULL;
 	w->wk_bootstrap_port = ws->ws_bootstrap_port;
 	w->wk_priority = ws->ws_priority;
 	w->wk_cost = ws->ws_cost;
-	w->wk_labels = ws->ws_labels != NULL ?
-	    cJSON_Duplicate(ws->ws_labels, 1) :
-	    cJSON_CreateObject();
-	w->wk_spec = ws->ws_spec != NULL ? cJSON_Duplicate(ws->ws_spec, 1) :
-					   NULL;
+	w->wk_labels = ws->ws_labels != NULL ? cJSON_Duplicate(ws->ws_labels, 1)
+	                                     : cJSON_CreateObject();
+	w->wk_spec =
+	    ws->ws_spec != NULL ? cJSON_Duplicate(ws->ws_spec, 1) : NULL;
 	if (w->wk_spec != NULL)
 		cJSON_DeleteItemFromObjectCaseSensitive(w->wk_spec, "api_key");
 	if (w->wk_labels == NULL)
 		fatalx("%s: out of memory", __func__);
 	w->wk_from_cli = ws->ws_from_cli;
 	w->wk_persist = persist;
-	w->wk_health_disabled = ws->ws_health_disabled ||
-	    br->br_set->bs_disable_health_check;
-	w->wk_status = w->wk_health_disabled ? SHM_WORKER_READY :
-					       SHM_WORKER_PENDING;
+	w->wk_health_disabled =
+	    ws->ws_health_disabled || br->br_set->bs_disable_health_check;
+	w->wk_status =
+	    w->wk_health_disabled ? SHM_WORKER_READY : SHM_WORKER_PENDING;
 	breaker_init(&w->wk_cb);
-	w->wk_ov_waiting = ws->ws_ov_waiting > 0 ? ws->ws_ov_waiting :
-						   br->br_set->bs_overload_waiting;
-	w->wk_ov_token_usage = ws->ws_ov_token_usage > 0 ?
-	    ws->ws_ov_token_usage :
-	    br->br_set->bs_overload_token_usage;
+	w->wk_ov_waiting = ws->ws_ov_waiting > 0
+	    ? ws->ws_ov_waiting
+	    : br->br_set->bs_overload_waiting;
+	w->wk_ov_token_usage = ws->ws_ov_token_usage > 0
+	    ? ws->ws_ov_token_usage
+	    : br->br_set->bs_overload_token_usage;
 	w->wk_order = br->br_next_order++;
 	w->wk_slot = (unsigned)slot;
 	if (adopted) {
@@ -384,7 +384,7 @@ registry_add(struct broker *br, const struct worker_spec *ws, bool persist,
 		w->wk_generation = old->sw_generation;
 		if (!w->wk_health_disabled &&
 		    (old->sw_status == SHM_WORKER_READY ||
-			old->sw_status == SHM_WORKER_NOT_READY))
+		        old->sw_status == SHM_WORKER_NOT_READY))
 			w->wk_status = old->sw_status;
 		if (strcmp(w->wk_model, BROKER_MODEL_UNKNOWN) == 0 &&
 		    old->sw_model[0] != '\0') {
@@ -406,8 +406,7 @@ registry_add(struct broker *br, const struct worker_spec *ws, bool persist,
 	    "worker=\"%s\"", u);
 	w->wk_m_active = server_series(br, METRICS_GAUGE,
 	    "smg_worker_requests_active", "worker=\"%s\"", u);
-	server_metric_set(br, w->wk_m_health,
-	    w->wk_status == SHM_WORKER_READY);
+	server_metric_set(br, w->wk_m_health, w->wk_status == SHM_WORKER_READY);
 	breaker_metrics_init(br, w);
 	registry_index(br, w);
 	registry_publish(br, w);
@@ -465,8 +464,8 @@ registry_remove(struct broker *br, struct worker *w)
 static void
 registry_drain_cb(struct ev_loop *loop, ev_timer *t, int revents)
 {
-	struct worker *w = (struct worker *)((char *)t -
-	    offsetof(struct worker, wk_drain));
+	struct worker *w =
+	    (struct worker *)((char *)t - offsetof(struct worker, wk_drain));
 
 	(void)loop;
 	(void)revents;
@@ -597,7 +596,8 @@ registry_record_json(const struct worker *w)
 	cJSON_AddNumberToObject(o, "cost", w->wk_cost);
 	cJSON_AddItemToObject(o, "labels", cJSON_Duplicate(w->wk_labels, 1));
 	if (w->wk_spec != NULL)
-		cJSON_AddItemToObject(o, "spec", cJSON_Duplicate(w->wk_spec, 1));
+		cJSON_AddItemToObject(o, "spec",
+		    cJSON_Duplicate(w->wk_spec, 1));
 	cJSON_AddNumberToObject(o, "order", w->wk_order);
 	cJSON_AddBoolToObject(o, "health_disabled", w->wk_health_disabled);
 	if (w->wk_ov_waiting > 0 || w->wk_ov_token_usage > 0) {
@@ -639,9 +639,8 @@ registry_pool_track(struct broker *br, int series)
 			return;
 	}
 	if (br->br_npool_series == br->br_cpool_series) {
-		br->br_cpool_series = br->br_cpool_series ?
-		    br->br_cpool_series * 2 :
-		    16;
+		br->br_cpool_series =
+		    br->br_cpool_series ? br->br_cpool_series * 2 : 16;
 		br->br_pool_series = xreallocarray(br->br_pool_series,
 		    br->br_cpool_series, sizeof(*br->br_pool_series));
 	}

@@ -16,20 +16,19 @@
 
 static struct worker *reports_worker(struct broker *br, uint32_t slot,
     uint32_t gen, const char *url, const char *what);
-static void reports_discovery(struct broker *br,
-    const Smg__WorkerDiscovery *d);
+static void reports_discovery(struct broker *br, const Smg__WorkerDiscovery *d);
 static void reports_health(struct broker *br, const Smg__HealthReport *h);
 static void reports_load(struct broker *br, const Smg__LoadReport *l);
 static void reports_failed(struct broker *br, struct worker *w);
 
 static struct worker *
-reports_worker(struct broker *br, uint32_t slot, uint32_t gen,
-    const char *url, const char *what)
+reports_worker(struct broker *br, uint32_t slot, uint32_t gen, const char *url,
+    const char *what)
 {
 	struct worker *w = registry_by_slot(br, slot, gen);
 
-	if (w == NULL || (url != NULL && *url != '\0' &&
-			     strcmp(url, w->wk_url) != 0)) {
+	if (w == NULL ||
+	    (url != NULL && *url != '\0' && strcmp(url, w->wk_url) != 0)) {
 		log_debug("%s: stale %s for slot %u generation %u (%s)",
 		    __func__, what, slot, gen, url ? url : "");
 		return NULL;
@@ -51,15 +50,15 @@ reports_discovery(struct broker *br, const Smg__WorkerDiscovery *d)
 	struct worker *w;
 
 	if ((w = reports_worker(br, d->worker_slot, d->worker_generation,
-		 d->worker_url, "discovery")) == NULL)
+	         d->worker_url, "discovery")) == NULL)
 		return;
 	if (w->wk_status == SHM_WORKER_DRAINING)
 		return;
 	if (!d->ok) {
 		free(w->wk_error);
-		w->wk_error = xstrdup(d->error != NULL && *d->error != '\0' ?
-			d->error :
-			"registration failed");
+		w->wk_error = xstrdup(d->error != NULL && *d->error != '\0'
+		        ? d->error
+		        : "registration failed");
 		log_warnx("%s: worker %s: %s", __func__, w->wk_url,
 		    w->wk_error);
 		reports_failed(br, w);
@@ -89,7 +88,7 @@ reports_health(struct broker *br, const Smg__HealthReport *h)
 	unsigned t;
 
 	if ((w = reports_worker(br, h->worker_slot, h->worker_generation,
-		 h->worker_url, "health report")) == NULL)
+	         h->worker_url, "health report")) == NULL)
 		return;
 	if (w->wk_status == SHM_WORKER_FAILED ||
 	    w->wk_status == SHM_WORKER_DRAINING || w->wk_health_disabled)
@@ -107,10 +106,11 @@ reports_health(struct broker *br, const Smg__HealthReport *h)
 	switch (w->wk_status) {
 	case SHM_WORKER_PENDING:
 		/* Discovery promotes a Pending worker; probes only give up. */
-		if (++w->wk_probes_pending >= 10 * bs->bs_health_failure_threshold) {
+		if (++w->wk_probes_pending >=
+		    10 * bs->bs_health_failure_threshold) {
 			free(w->wk_error);
 			w->wk_error = xstrdup("not ready after registration "
-					      "probes");
+			                      "probes");
 			reports_failed(br, w);
 		}
 		break;
@@ -137,7 +137,8 @@ reports_eval_overload(struct broker *br, struct worker *w)
 	bool on = false;
 
 	if (l->wl_valid) {
-		if (w->wk_ov_waiting > 0 && l->wl_waiting_reqs >= w->wk_ov_waiting)
+		if (w->wk_ov_waiting > 0 &&
+		    l->wl_waiting_reqs >= w->wk_ov_waiting)
 			on = true;
 		if (w->wk_ov_token_usage > 0 &&
 		    l->wl_token_usage >= w->wk_ov_token_usage)
@@ -154,7 +155,7 @@ reports_load(struct broker *br, const Smg__LoadReport *r)
 	size_t i;
 
 	if ((w = reports_worker(br, r->worker_slot, r->worker_generation,
-		 r->worker_url, "load report")) == NULL)
+	         r->worker_url, "load report")) == NULL)
 		return;
 	l = &w->wk_load;
 	if (!r->ok) {
@@ -164,7 +165,7 @@ reports_load(struct broker *br, const Smg__LoadReport *r)
 		return;
 	}
 	if (r->n_loads == 0)
-		return;		/* no report this tick */
+		return; /* no report this tick */
 	memset(l, 0, sizeof(*l));
 	l->wl_valid = true;
 	l->wl_nranks = (unsigned)r->n_loads;

@@ -25,8 +25,7 @@ static void route_error(Smg__Decision *d, uint32_t status, const char *code,
     const char *msg);
 static unsigned route_exclude(struct worker **c, unsigned n,
     const Smg__RouteRequest *req);
-static void route_count(struct broker *br, struct worker *w,
-    struct policy *p);
+static void route_count(struct broker *br, struct worker *w, struct policy *p);
 static struct model_entry *route_model(struct broker *br, const char *model);
 
 static int
@@ -166,11 +165,11 @@ route_one(struct broker *br, const Smg__RouteRequest *req, Smg__Decision *d,
 	n = route_exclude(c, n, req);
 	p = policy_for(br, route_model(br, model), req->leg);
 	if ((idx = policy_select(p, c, n, req)) < 0 || (unsigned)idx >= n) {
-		route_error(d, 503, pd ? "server_selection_failed" :
-					 "no_available_workers",
-		    pd ? "No available servers: the policy selected none" :
-			 "All workers are unavailable (circuit breaker open "
-			 "or unhealthy)");
+		route_error(d, 503,
+		    pd ? "server_selection_failed" : "no_available_workers",
+		    pd ? "No available servers: the policy selected none"
+		       : "All workers are unavailable (circuit breaker open "
+		         "or unhealthy)");
 		return;
 	}
 	w = c[idx];
@@ -178,16 +177,16 @@ route_one(struct broker *br, const Smg__RouteRequest *req, Smg__Decision *d,
 	d->worker_slot = w->wk_slot;
 	d->worker_generation = w->wk_generation;
 	d->worker_url = w->wk_url;
-	d->model = strcmp(w->wk_model, BROKER_MODEL_UNKNOWN) != 0 ||
-		*model == '\0' ?
-	    w->wk_model :
-	    (char *)model;
+	d->model =
+	    strcmp(w->wk_model, BROKER_MODEL_UNKNOWN) != 0 || *model == '\0'
+	    ? w->wk_model
+	    : (char *)model;
 	d->policy = (char *)policy_name(p);
 	route_count(br, w, p);
 	br->br_decisions++;
 	if (br->br_debug)
 		log_debug("%s: policy %s model %s leg %d -> %s (slot %u, "
-			  "%u candidates)",
+		          "%u candidates)",
 		    __func__, policy_name(p), *model ? model : "-", req->leg,
 		    w->wk_url, w->wk_slot, n);
 }
@@ -197,9 +196,9 @@ route_outcome(struct broker *br, const Smg__Outcome *o)
 {
 	struct worker *w;
 
-	if ((w = registry_by_slot(br, o->worker_slot,
-		 o->worker_generation)) == NULL)
-		return;		/* removed or replaced since */
+	if ((w = registry_by_slot(br, o->worker_slot, o->worker_generation)) ==
+	    NULL)
+		return; /* removed or replaced since */
 	breaker_record(br, w,
 	    breaker_classify(o->http_status, o->transport_error));
 }
@@ -226,8 +225,8 @@ route_batch(struct broker *br, const Smg__RouteBatch *rb,
 	slots = (struct route_slot *)(void *)(ptrs + n);
 	for (i = 0; i < n; i++) {
 		smg__decision__init(&slots[i].rs_d);
-		route_one(br, rb->requests[i], &slots[i].rs_d,
-		    slots[i].rs_msg, sizeof(slots[i].rs_msg));
+		route_one(br, rb->requests[i], &slots[i].rs_d, slots[i].rs_msg,
+		    sizeof(slots[i].rs_msg));
 		ptrs[i] = &slots[i].rs_d;
 	}
 	out->decisions = ptrs;

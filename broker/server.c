@@ -34,8 +34,7 @@ static void server_rep_cb(void *arg, const uint8_t *msg, size_t len,
 static void server_pull_cb(void *arg, const uint8_t *msg, size_t len,
     uint8_t **reply, size_t *reply_len);
 static void server_tick_cb(struct ev_loop *loop, ev_timer *t, int revents);
-static void server_prepare_cb(struct ev_loop *loop, ev_prepare *p,
-    int revents);
+static void server_prepare_cb(struct ev_loop *loop, ev_prepare *p, int revents);
 static void server_signal_cb(struct ev_loop *loop, ev_signal *s, int revents);
 static int server_startup_workers(struct broker *br);
 static void server_collect_cb(void *arg, const char *key, const char *value);
@@ -102,21 +101,20 @@ server_policies(struct broker *br)
 	if ((br->br_default = policy_new(bs->bs_policy, false)) == NULL)
 		return -1;
 	if (bs->bs_pd) {
-		br->br_legs[SMG__LEG__LEG_PREFILL] = policy_new(
-		    bs->bs_prefill_policy ? bs->bs_prefill_policy :
-					    bs->bs_policy,
-		    false);
+		br->br_legs[SMG__LEG__LEG_PREFILL] =
+		    policy_new(bs->bs_prefill_policy ? bs->bs_prefill_policy
+		                                     : bs->bs_policy,
+		        false);
 		br->br_legs[SMG__LEG__LEG_DECODE] = policy_new(
-		    bs->bs_decode_policy ? bs->bs_decode_policy :
-					   bs->bs_policy,
+		    bs->bs_decode_policy ? bs->bs_decode_policy : bs->bs_policy,
 		    false);
 		if (br->br_legs[SMG__LEG__LEG_PREFILL] == NULL ||
 		    br->br_legs[SMG__LEG__LEG_DECODE] == NULL)
 			return -1;
 	}
 	if (bs->bs_encode_policy != NULL &&
-	    (br->br_legs[SMG__LEG__LEG_ENCODE] = policy_new(
-		 bs->bs_encode_policy, false)) == NULL)
+	    (br->br_legs[SMG__LEG__LEG_ENCODE] =
+	            policy_new(bs->bs_encode_policy, false)) == NULL)
 		return -1;
 	return 0;
 }
@@ -134,7 +132,7 @@ server_startup_workers(struct broker *br)
 		const struct broker_startup_worker *sw = &bs->bs_workers[i];
 
 		if (registry_normalize_url(sw->sw_url, url, sizeof(url), err,
-			sizeof(err)) == -1) {
+		        sizeof(err)) == -1) {
 			log_warnx("%s: worker %s: %s", __func__, sw->sw_url,
 			    err);
 			return -1;
@@ -178,8 +176,8 @@ server_collect_cb(void *arg, const char *key, const char *value)
 	rs->rs_v = xreallocarray(rs->rs_v, rs->rs_n + 1, sizeof(*rs->rs_v));
 	rs->rs_v[rs->rs_n].sr_key = xstrdup(key);
 	rs->rs_v[rs->rs_n].sr_json = j;
-	rs->rs_v[rs->rs_n].sr_order = cJSON_IsNumber(ord) ? ord->valuedouble :
-							    0;
+	rs->rs_v[rs->rs_n].sr_order =
+	    cJSON_IsNumber(ord) ? ord->valuedouble : 0;
 	rs->rs_n++;
 }
 
@@ -204,13 +202,13 @@ server_restore(struct broker *br, struct server_rec *rec)
 
 	memset(&ws, 0, sizeof(ws));
 	if (registry_normalize_url(rec->sr_key, url, sizeof(url), err,
-		sizeof(err)) == -1) {
+	        sizeof(err)) == -1) {
 		log_warnx("%s: stored worker %s: %s", __func__, rec->sr_key,
 		    err);
 		return;
 	}
 	if (registry_find(br, url) != NULL)
-		return;		/* also on the command line */
+		return; /* also on the command line */
 	ws.ws_url = url;
 	it = cJSON_GetObjectItemCaseSensitive(j, "model_id");
 	ws.ws_model = cJSON_IsString(it) ? it->valuestring : NULL;
@@ -244,9 +242,8 @@ server_restore(struct broker *br, struct server_rec *rec)
 	    cJSON_GetObjectItemCaseSensitive(j, "health_disabled"));
 	if ((ov = cJSON_GetObjectItemCaseSensitive(j, "overload")) != NULL) {
 		it = cJSON_GetObjectItemCaseSensitive(ov, "waiting_requests");
-		ws.ws_ov_waiting = cJSON_IsNumber(it) ?
-		    (int64_t)it->valuedouble :
-		    0;
+		ws.ws_ov_waiting =
+		    cJSON_IsNumber(it) ? (int64_t)it->valuedouble : 0;
 		it = cJSON_GetObjectItemCaseSensitive(ov, "token_usage");
 		ws.ws_ov_token_usage = cJSON_IsNumber(it) ? it->valuedouble : 0;
 	}
@@ -317,14 +314,13 @@ server_new(struct ev_loop *loop, const struct broker_settings *bs, bool serve)
 
 	if (ipc_url(url, sizeof(url), bs->bs_run_dir, IPC_BROKER_SOCK) == -1 ||
 	    (br->br_rep = ipc_server_new(loop, url, IPC_SERVER_REP,
-		 server_rep_cb, br)) == NULL)
+	         server_rep_cb, br)) == NULL)
 		goto fail;
-	log_info("smg-broker: serving %s, %u workers, policy %s, state %s",
-	    url, br->br_nworkers, policy_name(br->br_default), bs->bs_state_dir);
-	if (ipc_url(url, sizeof(url), bs->bs_run_dir, IPC_REPORTS_SOCK) ==
-		-1 ||
+	log_info("smg-broker: serving %s, %u workers, policy %s, state %s", url,
+	    br->br_nworkers, policy_name(br->br_default), bs->bs_state_dir);
+	if (ipc_url(url, sizeof(url), bs->bs_run_dir, IPC_REPORTS_SOCK) == -1 ||
 	    (br->br_pull = ipc_server_new(loop, url, IPC_SERVER_PULL,
-		 server_pull_cb, br)) == NULL)
+	         server_pull_cb, br)) == NULL)
 		goto fail;
 	ev_timer_init(&br->br_tick, server_tick_cb, 0., BROKER_TICK_SECS);
 	br->br_tick.data = br;

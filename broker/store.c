@@ -20,12 +20,12 @@
 
 #include "broker.h"
 
-#define STORE_MAPSIZE	(64UL * 1024 * 1024)
-#define STORE_SCHEMA	"1"
+#define STORE_MAPSIZE (64UL * 1024 * 1024)
+#define STORE_SCHEMA  "1"
 
 struct store_op {
 	char *so_key;
-	char *so_value;		/* NULL: delete */
+	char *so_value; /* NULL: delete */
 };
 
 struct store {
@@ -86,8 +86,8 @@ store_open(const char *dir)
 		goto fail_env;
 	if ((rv = mdb_txn_begin(st->st_env, NULL, 0, &txn)) != 0)
 		goto fail_env;
-	if ((rv = mdb_dbi_open(txn, "workers", MDB_CREATE,
-		 &st->st_workers)) != 0 ||
+	if ((rv = mdb_dbi_open(txn, "workers", MDB_CREATE, &st->st_workers)) !=
+	        0 ||
 	    (rv = mdb_dbi_open(txn, "meta", MDB_CREATE, &st->st_meta)) != 0) {
 		mdb_txn_abort(txn);
 		goto fail_env;
@@ -151,8 +151,8 @@ store_queue(struct store *st, const char *key, const char *value)
 {
 	if (st->st_nops == st->st_cap) {
 		st->st_cap = st->st_cap ? st->st_cap * 2 : 16;
-		st->st_ops = xreallocarray(st->st_ops, st->st_cap,
-		    sizeof(*st->st_ops));
+		st->st_ops =
+		    xreallocarray(st->st_ops, st->st_cap, sizeof(*st->st_ops));
 	}
 	st->st_ops[st->st_nops].so_key = xstrdup(key);
 	st->st_ops[st->st_nops].so_value = value ? xstrdup(value) : NULL;
@@ -206,8 +206,8 @@ store_flush(struct store *st)
 			rv = mdb_put(txn, st->st_workers, &k, &v, 0);
 		}
 		if (rv != 0) {
-			log_warnx("%s: %s: %s", __func__,
-			    st->st_ops[i].so_key, mdb_strerror(rv));
+			log_warnx("%s: %s: %s", __func__, st->st_ops[i].so_key,
+			    mdb_strerror(rv));
 			mdb_txn_abort(txn);
 			return -1;
 		}

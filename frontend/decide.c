@@ -352,8 +352,9 @@ decide_reply_cb(void *arg, int status, const uint8_t *reply, size_t len)
 	size_t i;
 
 	if (status == 0) {
-		stats_observe("smg_broker_round_trip_seconds", "",
-		    ev_time() - b->db_sent);
+		if (b->db_n > 0)
+			stats_observe("smg_broker_round_trip_seconds", "",
+			    ev_time() - b->db_sent);
 		if ((r = ipc_decode_broker(reply, len, &why)) != NULL &&
 		    r->body_case == SMG__BROKER_REPLY__BODY_DECISION_BATCH)
 			db = r->decision_batch;

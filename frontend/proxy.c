@@ -329,7 +329,9 @@ proxy_decided(void *arg, const struct decision *d)
 	    "worker_type=\"regular\",connection_mode=\"http\",model=\"%s\","
 	    "policy=\"%s\"",
 	    rq->rq_model, d->dc_policy[0] != '\0' ? d->dc_policy : "unknown");
-	stats_add("smg_worker_selection_total", labels, 1);
+	/* The broker counts its own selections; count only local ones. */
+	if (d->dc_fallback)
+		stats_add("smg_worker_selection_total", labels, 1);
 	proxy_prepare_body(rq);
 	proxy_attempt(rq);
 }

@@ -94,6 +94,7 @@ static void srv_out(struct srv_conn *, const char *, size_t);
 static void srv_outf(struct srv_conn *, const char *, ...)
     __attribute__((format(printf, 2, 3)));
 static void srv_flush(struct srv_conn *);
+static void srv_schedule(struct srv_conn *);
 static void srv_finish(struct srv_conn *);
 static void srv_error(struct srv_conn *, int);
 static const char *srv_reason(int);
@@ -613,8 +614,16 @@ srv_out(struct srv_conn *c, const char *data, size_t len)
 		log_warnx("%s: out of memory, dropping a connection", __func__);
 		c->sc_broken = 1;
 	}
+}
+
+/* Streamed output goes out on the next loop turn, one write per turn. */
+static void
+srv_schedule(struct srv_conn *c)
+{
 	if (!ev_is_active(&c->sc_wio))
 		ev_io_start(c->sc_srv->s_loop, &c->sc_wio);
+	if (c->sc_broken)
+		ev_feed_event(c->sc_srv->s_loop, &c->sc_wio, EV_WRITE);
 }
 
 static void
@@ -730,6 +739,7 @@ srv_stream_begin(struct srv_conn *c, int status, const char *ctype,
 	    "Cache-Control: no-cache\r\n",
 	    c->sc_chunked ? "Transfer-Encoding: chunked\r\n"
 			  : "Connection: close\r\n");
+	srv_schedule(c);
 }
 
 void
@@ -742,6 +752,7 @@ srv_stream_write(struct srv_conn *c, const char *data, size_t len)
 	srv_out(c, data, len);
 	if (c->sc_chunked)
 		srv_out(c, "\r\n", 2);
+	srv_schedule(c);
 }
 
 void
@@ -763,4 +774,5 @@ void
 srv_write_raw(struct srv_conn *c, const char *data, size_t len)
 {
 	srv_out(c, data, len);
+	srv_schedule(c);
 }
