@@ -2,11 +2,20 @@
 # Quick start: installs dependencies, builds, starts two simulated workers
 # on 127.0.0.1:8001 and :8002, and runs the gateway in the foreground on
 # :30000 (metrics on :29000). Ctrl-C stops everything.
-# Extra arguments are passed to smg, e.g. ./scripts/quickstart.sh --policy random
+# Extra arguments go to smg, e.g. ./scripts/quickstart.sh --policy random
+# Environment: SMG_PORT, SMG_METRICS_PORT, SMG_WORKER_PORTS ("8001 8002"),
+# SMG_BUILD_DIR (build) override the defaults.
 set -eu
 cd "$(dirname "$0")/.."
+build=${SMG_BUILD_DIR:-build}
+port=${SMG_PORT:-30000}
+metrics_port=${SMG_METRICS_PORT:-29000}
+worker_ports=${SMG_WORKER_PORTS:-8001 8002}
+
 ./scripts/install-deps.sh
-./scripts/build.sh >/dev/null
+if [ "$build" = build ]; then
+	./scripts/build.sh >/dev/null
+fi
 
 run=$(mktemp -d "${TMPDIR:-/tmp}/smg-quickstart.XXXXXX")
 pids=""
@@ -18,14 +27,30 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
-for port in 8001 8002; do
-	./build/smg-simworker --port "$port" --model sim-model \
-	    --worker-id "sim-$port" 2>"$run/sim-$port.log" &
+urls=""
+for wp in $worker_ports; do
+	"$build/smg-simworker" --port "$wp" --model sim-model \
+	    --worker-id "sim-$wp" 2>"$run/sim-$wp.log" &
 	pids="$pids $!"
+	urls="$urls http://127.0.0.1:$wp"
 done
 
-echo "quickstart: workers on :8001 and :8002; gateway on http://127.0.0.1:30000"
-echo "quickstart: try: curl -s localhost:30000/v1/chat/completions -H 'content-type: application/json' -d '{\"model\":\"sim-model\",\"messages\":[{\"role\":\"user\",\"content\":\"hello\"}]}'"
-./build/smg --policy round_robin \
-    --worker-urls http://127.0.0.1:8001 http://127.0.0.1:8002 \
-    --run-dir "$run/run" --state-dir "$run/state" "$@"
+echo "quickstart: workers:$urls; gateway on http://127.0.0.1:$port"
+echo "quickstart: try: curl -s localhost:$port/v1/chat/completions -H 'content-type: application/json' -d '{\"model\":\"sim-model\",\"messages\":[{\"role\":\"user\",\"content\":\"hello\"}]}'"
+# shellcheck disable=SC2086
+"$build/smg" --policy round_robin --worker-urls $urls \
+    --port "$port" --prometheus-port "$metrics_port" \
+    --run-dir "$run/run" --state-dir "$run/state" "$@" &
+smg_pid=$!
+# The gateway stops on SIGINT/SIGTERM; forward ours to it and wait.
+trap 'kill -TERM $smg_pid 2>/dev/null' INT TERM
+set +e
+wait $smg_pid
+status=$?
+# A signal interrupted wait: let the gateway finish its shutdown.
+while [ $status -gt 128 ] && kill -0 $smg_pid 2>/dev/null; do
+	wait $smg_pid
+	status=$?
+done
+trap - INT TERM
+exit $status
