@@ -17,9 +17,9 @@
 #include "tests/simworker/simworker.h"
 
 #define API_DEFAULT_MAX_TOKENS 16
-#define API_CHUNK_MAX	       2048
-#define API_EXTRA_MAX	       1024
-#define API_VERSION	       "0.5.0-sim"
+#define API_CHUNK_MAX          2048
+#define API_EXTRA_MAX          1024
+#define API_VERSION            "0.5.0-sim"
 
 enum api_route {
 	API_ROUTE_GENERATE = 0,
@@ -59,8 +59,8 @@ struct api_req {
 };
 
 /* Output tokens: four characters each, like the input tokenizer. */
-static const char *const api_words[] = { " the", " sim", " cat", " dog",
-	" sun", " red", " big", " one" };
+static const char *const api_words[] = { " the", " sim", " cat", " dog", " sun",
+	" red", " big", " one" };
 
 static double api_rand(struct api *);
 static void api_reply_json(struct api *, struct srv_conn *,
@@ -210,9 +210,9 @@ api_error(struct api *a, struct srv_conn *conn, const struct srv_request *req,
 	cJSON_AddStringToObject(o, "object", "error");
 	cJSON_AddStringToObject(o, "message", msg);
 	cJSON_AddStringToObject(o, "type",
-	    status == 404	? "NotFoundError"
-		: status < 500 ? "BadRequestError"
-				: "InternalServerError");
+	    status == 404      ? "NotFoundError"
+	        : status < 500 ? "BadRequestError"
+	                       : "InternalServerError");
 	cJSON_AddNullToObject(o, "param");
 	cJSON_AddNumberToObject(o, "code", status);
 	api_reply_json(a, conn, req, status, o);
@@ -221,7 +221,8 @@ api_error(struct api *a, struct srv_conn *conn, const struct srv_request *req,
 static const char *
 api_word(uint32_t i)
 {
-	return api_words[(i * 5 + 3) % (sizeof(api_words) / sizeof(*api_words))];
+	return api_words[(i * 5 + 3) %
+	    (sizeof(api_words) / sizeof(*api_words))];
 }
 
 /* The text of output tokens 1 .. n; NULL on allocation failure. */
@@ -250,8 +251,9 @@ api_tokenize(const char *s, size_t len, uint32_t *n)
 	if ((t = malloc(((size_t)*n + 1) * sizeof(*t))) == NULL)
 		return NULL;
 	for (i = 0, k = 0; i < len; i += 4, k++)
-		t[k] = (uint32_t)(XXH3_64bits(s + i, len - i < 4 ? len - i : 4) &
-		    0x7fffffff);
+		t[k] =
+		    (uint32_t)(XXH3_64bits(s + i, len - i < 4 ? len - i : 4) &
+		        0x7fffffff);
 	return t;
 }
 
@@ -303,8 +305,8 @@ api_chat_prompt(const cJSON *msgs)
 		cJSON_ArrayForEach(m, msgs)
 		{
 			role = cJSON_GetObjectItemCaseSensitive(m, "role");
-			content = cJSON_GetObjectItemCaseSensitive(m,
-			    "content");
+			content =
+			    cJSON_GetObjectItemCaseSensitive(m, "content");
 			if (!cJSON_IsObject(m) || !cJSON_IsString(role))
 				goto bad;
 			need = strlen(role->valuestring) + 5;
@@ -357,8 +359,8 @@ api_max_tokens(const cJSON *obj, const char *name, uint32_t *out)
 
 	if (v == NULL || cJSON_IsNull(v))
 		return 0;
-	if (!cJSON_IsNumber(v) || v->valuedouble < 1 ||
-	    v->valuedouble > 1e9 || v->valuedouble != floor(v->valuedouble))
+	if (!cJSON_IsNumber(v) || v->valuedouble < 1 || v->valuedouble > 1e9 ||
+	    v->valuedouble != floor(v->valuedouble))
 		return -1;
 	*out = (uint32_t)v->valuedouble;
 	return 0;
@@ -392,11 +394,11 @@ api_request(void *arg, struct srv_conn *conn, const struct srv_request *req)
 	} else if (strcmp(path, "/v1/models") == 0 && get) {
 		api_models(a, conn, req);
 	} else if ((strcmp(path, "/get_model_info") == 0 ||
-		       (sglang && strcmp(path, "/model_info") == 0)) &&
+	               (sglang && strcmp(path, "/model_info") == 0)) &&
 	    get) {
 		api_model_info(a, conn, req);
 	} else if ((strcmp(path, "/get_server_info") == 0 ||
-		       (sglang && strcmp(path, "/server_info") == 0)) &&
+	               (sglang && strcmp(path, "/server_info") == 0)) &&
 	    get) {
 		api_server_info(a, conn, req);
 	} else if (!sglang && strcmp(path, "/version") == 0 && get) {
@@ -483,6 +485,7 @@ api_infer(struct api *a, struct srv_conn *conn, const struct srv_request *req,
     enum api_route route)
 {
 	const cJSON *v, *sp;
+	struct engine_stats es;
 	cJSON *body;
 	struct api_req *r = NULL;
 	uint32_t *tok = NULL, ntok = 0, max_tokens = API_DEFAULT_MAX_TOKENS;
@@ -533,7 +536,7 @@ api_infer(struct api *a, struct srv_conn *conn, const struct srv_request *req,
 				goto bad;
 			}
 		} else if (cJSON_IsString(v = cJSON_GetObjectItemCaseSensitive(
-				   body, "text"))) {
+		                              body, "text"))) {
 			tok = api_tokenize(v->valuestring,
 			    strlen(v->valuestring), &ntok);
 		} else {
@@ -564,7 +567,7 @@ api_infer(struct api *a, struct srv_conn *conn, const struct srv_request *req,
 	case API_ROUTE_CHAT:
 		if (api_max_tokens(body, "max_tokens", &max_tokens) == -1 ||
 		    api_max_tokens(body, "max_completion_tokens",
-			&max_tokens) == -1) {
+		        &max_tokens) == -1) {
 			err = "max_tokens must be a positive integer";
 			goto bad;
 		}
@@ -600,6 +603,11 @@ api_infer(struct api *a, struct srv_conn *conn, const struct srv_request *req,
 		err = msg;
 		goto bad;
 	}
+	engine_get_stats(a->a_engine, &es);
+	if ((uint64_t)ntok + max_tokens > es.es_capacity_tokens) {
+		err = "The request does not fit in the KV cache";
+		goto bad;
+	}
 	if ((r = calloc(1, sizeof(*r))) == NULL) {
 		free(tok);
 		cJSON_Delete(body);
@@ -625,8 +633,7 @@ api_infer(struct api *a, struct srv_conn *conn, const struct srv_request *req,
 		stats_count_fault(a->a_stats, "failed");
 		free(tok);
 		api_req_free(r);
-		api_error(a, conn, req, a->a_fail_status,
-		    "injected failure");
+		api_error(a, conn, req, a->a_fail_status, "injected failure");
 		return;
 	}
 	if (api_rand(a) < a->a_hang_rate) {
@@ -644,8 +651,7 @@ api_infer(struct api *a, struct srv_conn *conn, const struct srv_request *req,
 	    api_token_cb, api_done_cb, r);
 	if (r->ar_ereq == NULL) {
 		api_req_free(r);
-		api_error(a, conn, req, 400,
-		    "The request does not fit in the KV cache");
+		api_error(a, conn, req, 503, "out of memory");
 		return;
 	}
 	srv_set_ctx(conn, r);
@@ -687,7 +693,8 @@ api_stream_event(struct api_req *r, const struct engine_info *info)
 		    "\"delta\":{%s\"content\":\"%s\"},\"logprobs\":null,"
 		    "\"finish_reason\":%s}]}\n\n",
 		    r->ar_id, r->ar_created, a->a_model_json,
-		    info->ei_output_tokens == 1 ? "\"role\":\"assistant\"," : "",
+		    info->ei_output_tokens == 1 ? "\"role\":\"assistant\","
+		                                : "",
 		    api_word(info->ei_output_tokens), fin);
 		break;
 	case API_ROUTE_GENERATE:
@@ -749,8 +756,7 @@ api_usage(const struct engine_info *info)
 
 	u = cJSON_CreateObject();
 	cJSON_AddNumberToObject(u, "prompt_tokens", info->ei_prompt_tokens);
-	cJSON_AddNumberToObject(u, "completion_tokens",
-	    info->ei_output_tokens);
+	cJSON_AddNumberToObject(u, "completion_tokens", info->ei_output_tokens);
 	cJSON_AddNumberToObject(u, "total_tokens",
 	    (double)info->ei_prompt_tokens + info->ei_output_tokens);
 	d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
@@ -794,7 +800,7 @@ api_result(struct api_req *r, const struct engine_info *info)
 	cJSON_AddStringToObject(o, "id", r->ar_id);
 	cJSON_AddStringToObject(o, "object",
 	    r->ar_route == API_ROUTE_CHAT ? "chat.completion"
-					  : "text_completion");
+	                                  : "text_completion");
 	cJSON_AddNumberToObject(o, "created", (double)r->ar_created);
 	cJSON_AddStringToObject(o, "model", a->a_cfg.ac_model);
 	ch = cJSON_AddArrayToObject(o, "choices");
@@ -830,17 +836,17 @@ api_done_cb(void *arg, const struct engine_info *info)
 		api_req_free(r);
 		return;
 	}
-	stats_record(a->a_stats, info->ei_prompt_tokens,
-	    info->ei_cached_tokens, (info->ei_first_token - info->ei_arrival) *
-	    1000.0, (now - info->ei_arrival) * 1000.0);
+	stats_record(a->a_stats, info->ei_prompt_tokens, info->ei_cached_tokens,
+	    (info->ei_first_token - info->ei_arrival) * 1000.0,
+	    (now - info->ei_arrival) * 1000.0);
 	if (r->ar_stream) {
 		if (r->ar_route != API_ROUTE_GENERATE) {
 			o = cJSON_CreateObject();
 			cJSON_AddStringToObject(o, "id", r->ar_id);
 			cJSON_AddStringToObject(o, "object",
 			    r->ar_route == API_ROUTE_CHAT
-				? "chat.completion.chunk"
-				: "text_completion");
+			        ? "chat.completion.chunk"
+			        : "text_completion");
 			cJSON_AddNumberToObject(o, "created",
 			    (double)r->ar_created);
 			cJSON_AddStringToObject(o, "model", a->a_cfg.ac_model);
@@ -1023,7 +1029,8 @@ api_metrics(struct api *a, struct srv_conn *conn, const struct srv_request *req)
 		    "# HELP sglang:token_usage KV usage, 0 to 1.\n"
 		    "# TYPE sglang:token_usage gauge\n"
 		    "sglang:token_usage{model_name=\"%s\"} %.6f\n"
-		    "# HELP sglang:gen_throughput Generated tokens per second.\n"
+		    "# HELP sglang:gen_throughput Generated tokens per "
+		    "second.\n"
 		    "# TYPE sglang:gen_throughput gauge\n"
 		    "sglang:gen_throughput{model_name=\"%s\"} %.3f\n"
 		    "# HELP sglang:cache_hit_rate Prefix cache hit rate.\n"
@@ -1087,7 +1094,7 @@ api_flush(struct api *a, struct srv_conn *conn, const struct srv_request *req)
 {
 	static const char ok[] = "Cache flushed.\n";
 	static const char busy[] = "Cache not flushed: there are running or "
-				   "waiting requests.\n";
+	                           "waiting requests.\n";
 	char extra[API_EXTRA_MAX];
 
 	api_extra(a, req, extra, sizeof(extra));
@@ -1115,8 +1122,7 @@ api_control_state(const struct api *a)
 /* Changes health and fault rates; all fields are checked before any is
  * applied. */
 static void
-api_control(struct api *a, struct srv_conn *conn,
-    const struct srv_request *req)
+api_control(struct api *a, struct srv_conn *conn, const struct srv_request *req)
 {
 	static const char *const rates[] = { "fail_rate", "hang_rate",
 		"close_rate" };
@@ -1133,13 +1139,15 @@ api_control(struct api *a, struct srv_conn *conn,
 		goto bad;
 	for (i = 0; i < 3; i++) {
 		v = cJSON_GetObjectItemCaseSensitive(body, rates[i]);
-		if (v != NULL && (!cJSON_IsNumber(v) || v->valuedouble < 0 ||
-				     v->valuedouble > 1))
+		if (v != NULL &&
+		    (!cJSON_IsNumber(v) || v->valuedouble < 0 ||
+		        v->valuedouble > 1))
 			goto bad;
 	}
 	v = cJSON_GetObjectItemCaseSensitive(body, "status");
-	if (v != NULL && (!cJSON_IsNumber(v) || v->valuedouble < 400 ||
-			     v->valuedouble > 599))
+	if (v != NULL &&
+	    (!cJSON_IsNumber(v) || v->valuedouble < 400 ||
+	        v->valuedouble > 599))
 		goto bad;
 	if ((v = cJSON_GetObjectItemCaseSensitive(body, "healthy")) != NULL)
 		a->a_healthy = cJSON_IsTrue(v);

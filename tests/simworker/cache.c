@@ -27,11 +27,11 @@ TAILQ_HEAD(cache_lru, cache_page);
 
 struct cache {
 	uint32_t c_page_size;
-	uint64_t c_capacity;  /* tokens */
+	uint64_t c_capacity; /* tokens */
 	uint32_t c_max_pages; /* capacity / page size */
-	uint32_t c_pages;     /* pages in the cache */
-	uint32_t c_locked;    /* pages with cp_ref > 0 */
-	uint64_t c_reserved;  /* tokens reserved by requests */
+	uint32_t c_pages; /* pages in the cache */
+	uint32_t c_locked; /* pages with cp_ref > 0 */
+	uint64_t c_reserved; /* tokens reserved by requests */
 	struct cache_page *c_pool;
 	uint32_t *c_token_pool;
 	struct cache_page *c_free;
@@ -44,8 +44,8 @@ struct cache {
 
 static uint64_t cache_hash(const struct cache *, const struct cache_page *,
     const uint32_t *);
-static struct cache_page *cache_lookup(struct cache *, const struct cache_page *,
-    const uint32_t *);
+static struct cache_page *cache_lookup(struct cache *,
+    const struct cache_page *, const uint32_t *);
 static void cache_bucket_remove(struct cache *, struct cache_page *);
 static void cache_evict(struct cache *, struct cache_page *);
 static void cache_lock(struct cache *, struct cache_page *);
@@ -66,10 +66,11 @@ cache_new(uint32_t page_size, uint64_t capacity_tokens)
 	c->c_capacity = capacity_tokens;
 	c->c_max_pages = (uint32_t)(capacity_tokens / page_size);
 	c->c_pool = xcalloc(c->c_max_pages, sizeof(*c->c_pool));
-	c->c_token_pool = xcalloc((size_t)c->c_max_pages * page_size,
-	    sizeof(uint32_t));
+	c->c_token_pool =
+	    xcalloc((size_t)c->c_max_pages * page_size, sizeof(uint32_t));
 	for (i = 0; i < c->c_max_pages; i++) {
-		c->c_pool[i].cp_tokens = c->c_token_pool + (size_t)i * page_size;
+		c->c_pool[i].cp_tokens =
+		    c->c_token_pool + (size_t)i * page_size;
 		c->c_pool[i].cp_next = c->c_free;
 		c->c_free = &c->c_pool[i];
 	}
@@ -158,7 +159,7 @@ cache_lookup(struct cache *c, const struct cache_page *parent,
 		if (parent != NULL && p->cp_parent != parent->cp_hash)
 			continue;
 		if (memcmp(p->cp_tokens, tokens,
-			c->c_page_size * sizeof(uint32_t)) == 0)
+		        c->c_page_size * sizeof(uint32_t)) == 0)
 			return p;
 	}
 	return NULL;
@@ -188,7 +189,8 @@ cache_match(struct cache *c, const uint32_t *tokens, uint32_t max_pages,
 	uint32_t i;
 
 	for (i = 0; i < max_pages; i++) {
-		p = cache_lookup(c, parent, tokens + (size_t)i * c->c_page_size);
+		p = cache_lookup(c, parent,
+		    tokens + (size_t)i * c->c_page_size);
 		if (p == NULL)
 			break;
 		if (pages != NULL) {
@@ -282,7 +284,7 @@ cache_insert(struct cache *c, const uint32_t *tokens, uint32_t from,
 		c->c_pages++;
 		c->c_locked++;
 		pages[i] = p;
-		ev = (struct kv_event){
+		ev = (struct kv_event) {
 			.ke_kind = KV_EVENT_STORED,
 			.ke_hash = (int64_t)p->cp_hash,
 			.ke_parent = (int64_t)p->cp_parent,

@@ -12,6 +12,9 @@
 #include "shared/xmalloc.h"
 #include "tests/simworker/simworker.h"
 
+/* Zero-delay steps run back to back before the loop polls I/O again. */
+#define ENGINE_BURST 16
+
 enum engine_state {
 	ENGINE_WAITING = 0,
 	ENGINE_PREFILL, /* admitted in the current step */
@@ -26,9 +29,9 @@ struct engine_req {
 	uint32_t *er_tokens;
 	uint32_t er_max_tokens;
 	struct cache_page **er_pages; /* one slot per full prompt page */
-	uint32_t er_npages;	      /* locked pages */
-	uint64_t er_reserved;	      /* tokens reserved in the cache */
-	uint64_t er_uncached_est;     /* while waiting */
+	uint32_t er_npages; /* locked pages */
+	uint64_t er_reserved; /* tokens reserved in the cache */
+	uint64_t er_uncached_est; /* while waiting */
 	double er_hold;
 	ev_timer er_hold_timer;
 	engine_token_cb er_token_cb;
@@ -63,6 +66,8 @@ struct engine {
 
 static void engine_kick(struct engine *);
 static void engine_step_begin(struct engine *);
+static int engine_step_plan(struct engine *, double *);
+static void engine_step_run(struct engine *);
 static void engine_step_cb(struct ev_loop *, ev_timer *, int);
 static void engine_hold_cb(struct ev_loop *, ev_timer *, int);
 static int engine_admit(struct engine *, struct engine_req *);
@@ -71,8 +76,8 @@ static void engine_finish(struct engine *, struct engine_req *);
 static void engine_complete(struct engine *, struct engine_req *);
 
 struct engine *
-engine_new(struct ev_loop *loop, const struct engine_params *p,
-    struct cache *c, void (*step_hook)(void *), void *hook_arg)
+engine_new(struct ev_loop *loop, const struct engine_params *p, struct cache *c,
+    void (*step_hook)(void *), void *hook_arg)
 {
 	struct engine *e;
 
@@ -206,8 +211,8 @@ engine_admit(struct engine *e, struct engine_req *r)
 	uint32_t matched;
 	uint64_t need;
 
-	matched = cache_match(e->e_cache, r->er_tokens, (n - 1) / ps,
-	    r->er_pages);
+	matched =
+	    cache_match(e->e_cache, r->er_tokens, (n - 1) / ps, r->er_pages);
 	need = (uint64_t)(n - matched * ps) + r->er_max_tokens;
 	if (cache_reserve(e->e_cache, need) == -1) {
 		cache_unlock(e->e_cache, r->er_pages, matched);
@@ -234,9 +239,13 @@ engine_kick(struct engine *e)
 		engine_step_begin(e);
 }
 
-/* Admits what fits, then times one step of prefill plus decode. */
-static void
-engine_step_begin(struct engine *e)
+/*
+ * Admits what fits and returns the real-time length of the next step
+ * (prefill of the admitted requests plus one decode token for the others);
+ * -1 when there is nothing to step.
+ */
+static int
+engine_step_plan(struct engine *e, double *delay)
 {
 	struct engine_req *r;
 	uint64_t prefill = 0;
@@ -247,23 +256,34 @@ engine_step_begin(struct engine *e)
 	    e->e_nrunning < e->e_params.ep_max_running) {
 		if (engine_admit(e, r) == -1)
 			break;
-		prefill += r->er_info.ei_prompt_tokens -
-		    r->er_info.ei_cached_tokens;
+		prefill +=
+		    r->er_info.ei_prompt_tokens - r->er_info.ei_cached_tokens;
 	}
-	TAILQ_FOREACH (r, &e->e_running, er_entry)
-		if (r->er_state == ENGINE_DECODE)
-			decoding++;
-	if (prefill == 0 && decoding == 0) {
-		e->e_stepping = 0;
-		return;
-	}
+	TAILQ_FOREACH(r, &e->e_running, er_entry)
+	if (r->er_state == ENGINE_DECODE)
+		decoding++;
+	if (prefill == 0 && decoding == 0)
+		return -1;
 	if (prefill > 0)
 		ms += (double)prefill * 1000.0 / e->e_params.ep_prefill_tps;
 	if (decoding > 0)
 		ms += e->e_params.ep_decode_base_ms +
 		    e->e_params.ep_decode_per_req_ms * decoding;
+	*delay = engine_scale(e, ms / 1000.0);
+	return 0;
+}
+
+static void
+engine_step_begin(struct engine *e)
+{
+	double delay;
+
+	if (engine_step_plan(e, &delay) == -1) {
+		e->e_stepping = 0;
+		return;
+	}
 	e->e_stepping = 1;
-	ev_timer_set(&e->e_step, engine_scale(e, ms / 1000.0), 0);
+	ev_timer_set(&e->e_step, delay, 0);
 	ev_timer_start(e->e_loop, &e->e_step);
 }
 
@@ -271,12 +291,35 @@ static void
 engine_step_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
 	struct engine *e = w->data;
+	double delay;
+	int n;
+
+	(void)loop;
+	(void)revents;
+	for (n = 1;; n++) {
+		engine_step_run(e);
+		if (e->e_hook != NULL)
+			e->e_hook(e->e_hook_arg);
+		if (engine_step_plan(e, &delay) == -1) {
+			e->e_stepping = 0;
+			return;
+		}
+		if (delay > 0 || n >= ENGINE_BURST)
+			break;
+	}
+	ev_timer_set(&e->e_step, delay, 0);
+	ev_timer_start(e->e_loop, &e->e_step);
+}
+
+/* The end of a step: first tokens of the prefilled, a token for others. */
+static void
+engine_step_run(struct engine *e)
+{
 	struct engine_req *r, *next;
 	uint32_t ps = cache_page_size(e->e_cache);
 	uint32_t full;
-	double now = ev_now(loop);
+	double now = ev_now(e->e_loop);
 
-	(void)revents;
 	for (r = TAILQ_FIRST(&e->e_running); r != NULL; r = next) {
 		next = TAILQ_NEXT(r, er_entry);
 		if (r->er_state == ENGINE_HOLD)
@@ -306,9 +349,6 @@ engine_step_cb(struct ev_loop *loop, ev_timer *w, int revents)
 		e->e_win_start = now;
 		e->e_win_tokens = e->e_output_tokens;
 	}
-	if (e->e_hook != NULL)
-		e->e_hook(e->e_hook_arg);
-	engine_step_begin(e);
 }
 
 static void
@@ -322,7 +362,7 @@ engine_finish(struct engine *e, struct engine_req *r)
 	}
 	/* Without a time scale a hold is real time: it is the only delay. */
 	d = e->e_params.ep_time_scale > 0 ? engine_scale(e, r->er_hold)
-					  : r->er_hold;
+	                                  : r->er_hold;
 	r->er_state = ENGINE_HOLD;
 	ev_timer_set(&r->er_hold_timer, d, 0);
 	ev_timer_start(e->e_loop, &r->er_hold_timer);

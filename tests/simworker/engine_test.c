@@ -73,8 +73,7 @@ prompt(uint32_t n, uint32_t seed)
 }
 
 static struct engine *
-setup(struct ev_loop *loop, struct cache *c, uint32_t max_running,
-    double scale)
+setup(struct ev_loop *loop, struct cache *c, uint32_t max_running, double scale)
 {
 	struct engine_params ep = {
 		.ep_max_running = max_running,
@@ -101,10 +100,10 @@ test_batch_limit(void **state)
 	memset(&p, 0, sizeof(p));
 	p.p_engine = setup(loop, c, 2, 0);
 	for (i = 0; i < 5; i++) {
-		tags[i] = (struct tag){ &p, i };
-		assert_non_null(engine_submit(p.p_engine,
-		    prompt(40, (uint32_t)i + 1), 40, 3, 0, on_token, on_done,
-		    &tags[i]));
+		tags[i] = (struct tag) { &p, i };
+		assert_non_null(
+		    engine_submit(p.p_engine, prompt(40, (uint32_t)i + 1), 40,
+		        3, 0, on_token, on_done, &tags[i]));
 	}
 	engine_get_stats(p.p_engine, &es);
 	assert_int_equal(es.es_running + es.es_waiting, 5);
@@ -141,15 +140,15 @@ test_kv_admission(void **state)
 	memset(&p, 0, sizeof(p));
 	p.p_engine = setup(loop, c, 8, 0);
 	for (i = 0; i < 2; i++) {
-		tags[i] = (struct tag){ &p, i };
-		assert_non_null(engine_submit(p.p_engine,
-		    prompt(10, (uint32_t)i + 1), 10, 10, 0, on_token, on_done,
-		    &tags[i]));
+		tags[i] = (struct tag) { &p, i };
+		assert_non_null(
+		    engine_submit(p.p_engine, prompt(10, (uint32_t)i + 1), 10,
+		        10, 0, on_token, on_done, &tags[i]));
 	}
 	/* Larger than the whole cache: refused. */
-	tags[2] = (struct tag){ &p, 2 };
-	assert_null(engine_submit(p.p_engine, prompt(30, 9), 30, 3, 0,
-	    on_token, on_done, &tags[2]));
+	tags[2] = (struct tag) { &p, 2 };
+	assert_null(engine_submit(p.p_engine, prompt(30, 9), 30, 3, 0, on_token,
+	    on_done, &tags[2]));
 	ev_run(loop, 0);
 	assert_int_equal(p.p_done, 2);
 	assert_int_equal(p.p_max_running, 1);
@@ -173,9 +172,9 @@ test_prefix_reuse(void **state)
 	(void)state;
 	memset(&p, 0, sizeof(p));
 	p.p_engine = setup(loop, c, 8, 0);
-	tags[0] = (struct tag){ &p, 0 };
-	tags[1] = (struct tag){ &p, 1 };
-	tags[2] = (struct tag){ &p, 2 };
+	tags[0] = (struct tag) { &p, 0 };
+	tags[1] = (struct tag) { &p, 1 };
+	tags[2] = (struct tag) { &p, 2 };
 	engine_submit(p.p_engine, prompt(100, 1), 100, 2, 0, on_token, on_done,
 	    &tags[0]);
 	ev_run(loop, 0);
@@ -216,7 +215,7 @@ test_timing_and_hold(void **state)
 	memset(&p, 0, sizeof(p));
 	/* 10x faster: 800 tokens at 8000/s = 100 ms -> 10 ms real. */
 	p.p_engine = setup(loop, c, 8, 10);
-	tags[0] = (struct tag){ &p, 0 };
+	tags[0] = (struct tag) { &p, 0 };
 	engine_submit(p.p_engine, prompt(800, 1), 800, 2, 0.5, on_token,
 	    on_done, &tags[0]);
 	ev_run(loop, EVRUN_ONCE);
@@ -252,14 +251,14 @@ test_cancel(void **state)
 	memset(&p, 0, sizeof(p));
 	p.p_engine = setup(loop, c, 1, 0);
 	for (i = 0; i < 4; i++) {
-		tags[i] = (struct tag){ &p, i };
+		tags[i] = (struct tag) { &p, i };
 		r[i] = engine_submit(p.p_engine, prompt(50, (uint32_t)i + 1),
 		    50, 4, 0, on_token, on_done, &tags[i]);
 		assert_non_null(r[i]);
 	}
 	engine_cancel(p.p_engine, r[0]); /* running (prefill) */
 	engine_cancel(p.p_engine, r[2]); /* waiting */
-	p.p_stop_at = 2;		 /* r[1] and r[3] dropped at 2 */
+	p.p_stop_at = 2; /* r[1] and r[3] dropped at 2 */
 	ev_run(loop, 0);
 	assert_int_equal(p.p_done, 0);
 	assert_int_equal(p.p_tokens[1], 2);

@@ -21,7 +21,7 @@ struct kvevents {
 	enum kvev_format k_format;
 	uint64_t k_seq;
 	struct kv_event *k_ev; /* pending batch; ke_tokens unset */
-	size_t *k_tokoff;      /* token offset of each pending event */
+	size_t *k_tokoff; /* token offset of each pending event */
 	size_t k_nev;
 	size_t k_evcap;
 	uint32_t *k_tok;
@@ -166,7 +166,7 @@ kvevents_new(const char *endpoint, const char *topic, enum kvev_format fmt)
 	}
 	if (zmq_setsockopt(k->k_pub, ZMQ_SNDHWM, &hwm, sizeof(hwm)) == -1 ||
 	    zmq_setsockopt(k->k_pub, ZMQ_LINGER, &linger, sizeof(linger)) ==
-		-1) {
+	        -1) {
 		log_warnx("%s: zmq_setsockopt: %s", __func__,
 		    zmq_strerror(zmq_errno()));
 		goto fail;
@@ -273,9 +273,9 @@ kvevents_flush(struct kvevents *k)
 	for (i = 0; i < 8; i++)
 		seq[i] = (unsigned char)(k->k_seq >> (56 - 8 * i));
 	if (zmq_send(k->k_pub, k->k_topic, strlen(k->k_topic),
-		ZMQ_SNDMORE | ZMQ_DONTWAIT) == -1 ||
+	        ZMQ_SNDMORE | ZMQ_DONTWAIT) == -1 ||
 	    zmq_send(k->k_pub, seq, sizeof(seq), ZMQ_SNDMORE | ZMQ_DONTWAIT) ==
-		-1 ||
+	        -1 ||
 	    zmq_send(k->k_pub, buf.data, buf.size, ZMQ_DONTWAIT) == -1)
 		rv = -1;
 	if (rv == -1)

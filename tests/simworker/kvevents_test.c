@@ -18,10 +18,17 @@
 static const uint32_t toks[4] = { 11, 22, 33, 2147483647 };
 
 static const struct kv_event events[4] = {
-	{ .ke_kind = KV_EVENT_STORED, .ke_hash = -5, .ke_has_parent = 0,
-	    .ke_tokens = toks, .ke_block_size = 4 },
-	{ .ke_kind = KV_EVENT_STORED, .ke_hash = INT64_MAX, .ke_parent = -5,
-	    .ke_has_parent = 1, .ke_tokens = toks, .ke_block_size = 4 },
+	{ .ke_kind = KV_EVENT_STORED,
+	    .ke_hash = -5,
+	    .ke_has_parent = 0,
+	    .ke_tokens = toks,
+	    .ke_block_size = 4 },
+	{ .ke_kind = KV_EVENT_STORED,
+	    .ke_hash = INT64_MAX,
+	    .ke_parent = -5,
+	    .ke_has_parent = 1,
+	    .ke_tokens = toks,
+	    .ke_block_size = 4 },
 	{ .ke_kind = KV_EVENT_REMOVED, .ke_hash = INT64_MIN },
 	{ .ke_kind = KV_EVENT_CLEARED },
 };
@@ -83,8 +90,8 @@ test_array_form(void **state)
 
 	(void)state;
 	msgpack_sbuffer_init(&buf);
-	assert_int_equal(kvevents_encode(&buf, 1754000000.5, events, 4,
-			     KVEV_FORMAT_ARRAY),
+	assert_int_equal(
+	    kvevents_encode(&buf, 1754000000.5, events, 4, KVEV_FORMAT_ARRAY),
 	    0);
 	msgpack_unpacked_init(&u);
 	assert_int_equal(msgpack_unpack_next(&u, buf.data, buf.size, NULL),
@@ -130,9 +137,8 @@ test_map_form(void **state)
 
 	(void)state;
 	msgpack_sbuffer_init(&buf);
-	assert_int_equal(kvevents_encode(&buf, 2.25, events, 4,
-			     KVEV_FORMAT_MAP),
-	    0);
+	assert_int_equal(
+	    kvevents_encode(&buf, 2.25, events, 4, KVEV_FORMAT_MAP), 0);
 	msgpack_unpacked_init(&u);
 	assert_int_equal(msgpack_unpack_next(&u, buf.data, buf.size, NULL),
 	    MSGPACK_UNPACK_SUCCESS);
@@ -145,8 +151,7 @@ test_map_form(void **state)
 	e = &ev->via.array.ptr[0];
 	assert_true(str_is(get(e, "type"), "BlockStored"));
 	check_hashes(get(e, "block_hashes"), -5);
-	assert_int_equal(get(e, "parent_block_hash")->type,
-	    MSGPACK_OBJECT_NIL);
+	assert_int_equal(get(e, "parent_block_hash")->type, MSGPACK_OBJECT_NIL);
 	check_tokens(get(e, "token_ids"));
 	assert_int_equal(int_of(get(e, "block_size")), 4);
 	assert_true(str_is(get(e, "medium"), "GPU"));
@@ -185,9 +190,8 @@ test_publish(void **state)
 	ctx = zmq_ctx_new();
 	sub = zmq_socket(ctx, ZMQ_SUB);
 	assert_int_equal(zmq_setsockopt(sub, ZMQ_SUBSCRIBE, "", 0), 0);
-	assert_int_equal(zmq_setsockopt(sub, ZMQ_RCVTIMEO, &timeout,
-			     sizeof(timeout)),
-	    0);
+	assert_int_equal(
+	    zmq_setsockopt(sub, ZMQ_RCVTIMEO, &timeout, sizeof(timeout)), 0);
 	assert_int_equal(zmq_connect(sub, ep), 0);
 	/* Publish until the subscription is through (slow joiner). */
 	for (i = 0; i < 50 && !got; i++) {

@@ -169,8 +169,9 @@ main_parse(int argc, char **argv)
 	for (k = 1; k < argc; k++) {
 		arg = argv[k];
 		if (strncmp(arg, "--", 2) != 0) {
-			fprintf(stderr, "smg-simworker: unexpected argument "
-					"'%s'\n",
+			fprintf(stderr,
+			    "smg-simworker: unexpected argument "
+			    "'%s'\n",
 			    arg);
 			exit(2);
 		}
@@ -226,7 +227,7 @@ main_parse(int argc, char **argv)
 		main_bad("model", "1-256 characters, no quotes or controls");
 	if (opts.mo_worker_id != NULL &&
 	    (opts.mo_worker_id[0] == '\0' || strlen(opts.mo_worker_id) > 128 ||
-		strpbrk(opts.mo_worker_id, "\r\n") != NULL))
+	        strpbrk(opts.mo_worker_id, "\r\n") != NULL))
 		main_bad("worker-id", "1-128 characters on one line");
 	if (opts.mo_kv_capacity < opts.mo_page_size ||
 	    opts.mo_kv_capacity / opts.mo_page_size > (1LL << 26))
@@ -324,7 +325,7 @@ main(int argc, char **argv)
 	ac.ac_model = opts.mo_model;
 	ac.ac_worker_id = opts.mo_worker_id ? opts.mo_worker_id : portstr;
 	ac.ac_engine = strcmp(opts.mo_engine, "vllm") == 0 ? SIM_ENGINE_VLLM
-							    : SIM_ENGINE_SGLANG;
+	                                                   : SIM_ENGINE_SGLANG;
 	ac.ac_no_loads = opts.mo_no_loads;
 	ac.ac_context_length = (uint32_t)opts.mo_context_length;
 	ac.ac_max_running = (uint32_t)opts.mo_max_running;
@@ -349,7 +350,7 @@ main(int argc, char **argv)
 	if (opts.mo_kv_endpoint != NULL) {
 		kv = kvevents_new(opts.mo_kv_endpoint, opts.mo_kv_topic,
 		    strcmp(opts.mo_kv_format, "map") == 0 ? KVEV_FORMAT_MAP
-							   : KVEV_FORMAT_ARRAY);
+		                                          : KVEV_FORMAT_ARRAY);
 		if (kv == NULL)
 			fatalx("%s: no KV-event publisher", __func__);
 		cache_set_listener(cache, kvevents_add, kv);

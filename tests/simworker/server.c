@@ -27,8 +27,8 @@
 
 #define SRV_MAX_HEADER_BYTES (64 * 1024)
 #define SRV_MAX_BODY_BYTES   (32 * 1024 * 1024)
-#define SRV_MAX_INBUF	     (SRV_MAX_BODY_BYTES + SRV_MAX_HEADER_BYTES)
-#define SRV_READ_SIZE	     16384
+#define SRV_MAX_INBUF        (SRV_MAX_BODY_BYTES + SRV_MAX_HEADER_BYTES)
+#define SRV_READ_SIZE        16384
 
 struct srv_buf {
 	char *b_data; /* NUL-terminated when non-NULL */
@@ -54,15 +54,16 @@ struct srv_conn {
 	struct srv_buf sc_routing_key;
 	struct srv_buf sc_request_id;
 	int sc_in_value; /* last header callback was a value */
+	int sc_expect; /* Expect: 100-continue */
 	size_t sc_header_bytes;
 	int sc_err_status; /* set by a callback that failed the request */
-	int sc_complete;   /* parsed, not yet dispatched */
-	int sc_pending;	   /* dispatched, response not finished */
+	int sc_complete; /* parsed, not yet dispatched */
+	int sc_pending; /* dispatched, response not finished */
 	int sc_keepalive;
 	int sc_http10;
 	int sc_chunked; /* streaming response with chunked framing */
 	int sc_closing; /* close once the output is sent */
-	int sc_broken;	/* write failed: close without sending more */
+	int sc_broken; /* write failed: close without sending more */
 	void *sc_ctx;
 };
 
@@ -154,8 +155,8 @@ srv_buf_free(struct srv_buf *b)
 }
 
 struct srv *
-srv_new(struct ev_loop *loop, const char *host, int port,
-    srv_request_cb req_cb, srv_abort_cb abort_cb, void *arg)
+srv_new(struct ev_loop *loop, const char *host, int port, srv_request_cb req_cb,
+    srv_abort_cb abort_cb, void *arg)
 {
 	struct addrinfo hints, *res = NULL;
 	struct sockaddr_storage ss;
@@ -181,8 +182,8 @@ srv_new(struct ev_loop *loop, const char *host, int port,
 		log_warn("%s: socket", __func__);
 		goto fail;
 	}
-	if (setsockopt(s->s_fd, SOL_SOCKET, SO_REUSEADDR, &one,
-		sizeof(one)) == -1)
+	if (setsockopt(s->s_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) ==
+	    -1)
 		log_warn("%s: SO_REUSEADDR", __func__);
 	if (bind(s->s_fd, res->ai_addr, res->ai_addrlen) == -1) {
 		log_warn("%s: bind %s:%d", __func__, host, port);
@@ -272,7 +273,7 @@ srv_accept_cb(struct ev_loop *loop, ev_io *w, int revents)
 			continue;
 		}
 		if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one,
-			sizeof(one)) == -1 &&
+		        sizeof(one)) == -1 &&
 		    errno != EOPNOTSUPP)
 			log_warn("%s: TCP_NODELAY", __func__);
 		c->sc_srv = s;
@@ -421,7 +422,8 @@ srv_dispatch(struct srv_conn *c)
 	}
 	req.sr_routing_key = c->sc_routing_key.b_data;
 	req.sr_request_id = c->sc_request_id.b_data;
-	if (c->sc_body.b_data == NULL && srv_buf_add(&c->sc_body, "", 0) == -1) {
+	if (c->sc_body.b_data == NULL &&
+	    srv_buf_add(&c->sc_body, "", 0) == -1) {
 		srv_error(c, 503);
 		return;
 	}
@@ -444,6 +446,7 @@ srv_on_message_begin(http_parser *p)
 	srv_buf_free(&c->sc_routing_key);
 	srv_buf_free(&c->sc_request_id);
 	c->sc_in_value = 0;
+	c->sc_expect = 0;
 	c->sc_header_bytes = 0;
 	c->sc_err_status = 0;
 	return 0;
@@ -474,15 +477,19 @@ srv_end_header(struct srv_conn *c)
 
 	if (c->sc_field.b_data == NULL)
 		return;
+	if (strcasecmp(c->sc_field.b_data, "expect") == 0 &&
+	    c->sc_value.b_data != NULL &&
+	    strcasecmp(c->sc_value.b_data, "100-continue") == 0)
+		c->sc_expect = 1;
 	if (strcasecmp(c->sc_field.b_data, "x-smg-routing-key") == 0)
 		dst = &c->sc_routing_key;
 	else if (strcasecmp(c->sc_field.b_data, "x-request-id") == 0)
 		dst = &c->sc_request_id;
 	if (dst != NULL) {
 		srv_buf_reset(dst);
-		if (srv_buf_add(dst, c->sc_value.b_data ? c->sc_value.b_data
-							: "",
-			c->sc_value.b_len) == -1)
+		if (srv_buf_add(dst,
+		        c->sc_value.b_data ? c->sc_value.b_data : "",
+		        c->sc_value.b_len) == -1)
 			srv_buf_free(dst);
 	}
 	srv_buf_reset(&c->sc_field);
@@ -540,6 +547,11 @@ srv_on_headers_complete(http_parser *p)
 	    p->content_length > SRV_MAX_BODY_BYTES) {
 		c->sc_err_status = 413;
 		return -1;
+	}
+	/* The client waits for this before it sends the body. */
+	if (c->sc_expect && p->http_minor >= 1 && !c->sc_pending) {
+		srv_out(c, "HTTP/1.1 100 Continue\r\n\r\n", 25);
+		srv_schedule(c);
 	}
 	return 0;
 }
@@ -672,8 +684,8 @@ srv_flush(struct srv_conn *c)
 	}
 	more = c->sc_broken || c->sc_out.b_len > 0 ||
 	    (!c->sc_pending &&
-		(c->sc_closing || c->sc_in.b_len > 0 ||
-		    !ev_is_active(&c->sc_rio)));
+	        (c->sc_closing || c->sc_in.b_len > 0 ||
+	            !ev_is_active(&c->sc_rio)));
 	if (more && !ev_is_active(&c->sc_wio))
 		ev_io_start(loop, &c->sc_wio);
 	if (c->sc_broken)
@@ -734,11 +746,10 @@ srv_stream_begin(struct srv_conn *c, int status, const char *ctype,
 	c->sc_chunked = !c->sc_http10;
 	if (!c->sc_chunked)
 		c->sc_keepalive = 0;
-	srv_outf(c, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\n%s%s%s\r\n",
-	    status, srv_reason(status), ctype, extra,
-	    "Cache-Control: no-cache\r\n",
+	srv_outf(c, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\n%s%s%s\r\n", status,
+	    srv_reason(status), ctype, extra, "Cache-Control: no-cache\r\n",
 	    c->sc_chunked ? "Transfer-Encoding: chunked\r\n"
-			  : "Connection: close\r\n");
+	                  : "Connection: close\r\n");
 	srv_schedule(c);
 }
 

@@ -26,9 +26,9 @@ enum kv_event_kind {
 
 struct kv_event {
 	enum kv_event_kind ke_kind;
-	int64_t ke_hash;	 /* STORED, REMOVED */
-	int64_t ke_parent;	 /* STORED, when ke_has_parent */
-	int ke_has_parent;	 /* 0: first page of a sequence */
+	int64_t ke_hash; /* STORED, REMOVED */
+	int64_t ke_parent; /* STORED, when ke_has_parent */
+	int ke_has_parent; /* 0: first page of a sequence */
 	const uint32_t *ke_tokens; /* STORED: ke_block_size token ids */
 	uint32_t ke_block_size;
 };
@@ -74,8 +74,8 @@ void cache_unlock(struct cache *c, struct cache_page **pages, uint32_t n);
 /* Drops every page; -1 (nothing done) while a page is locked or reserved. */
 int cache_flush(struct cache *c);
 uint64_t cache_capacity(const struct cache *c);
-uint64_t cache_cached_tokens(const struct cache *c);	 /* all pages */
-uint64_t cache_used_tokens(const struct cache *c);	 /* locked + reserved */
+uint64_t cache_cached_tokens(const struct cache *c); /* all pages */
+uint64_t cache_used_tokens(const struct cache *c); /* locked + reserved */
 int64_t cache_page_hash(const struct cache_page *p); /* for tests */
 
 /* engine.c */
@@ -94,8 +94,8 @@ struct engine_info {
 	uint32_t ei_cached_tokens;
 	uint32_t ei_output_tokens; /* generated so far */
 	uint32_t ei_max_tokens;
-	double ei_arrival;	   /* ev_now() */
-	double ei_first_token;	   /* 0 until the first token */
+	double ei_arrival; /* ev_now() */
+	double ei_first_token; /* 0 until the first token */
 };
 
 /*
@@ -131,8 +131,8 @@ void engine_free(struct engine *e);
  * generating max_tokens (>= 1). After the last token the request stays in
  * the running batch for hold seconds of model time before done_cb.
  */
-struct engine_req *engine_submit(struct engine *e, uint32_t *tokens,
-    uint32_t n, uint32_t max_tokens, double hold, engine_token_cb token_cb,
+struct engine_req *engine_submit(struct engine *e, uint32_t *tokens, uint32_t n,
+    uint32_t max_tokens, double hold, engine_token_cb token_cb,
     engine_done_cb done_cb, void *arg);
 /* Removes a request in any state, without callbacks. */
 void engine_cancel(struct engine *e, struct engine_req *r);
@@ -149,7 +149,7 @@ double engine_scale(const struct engine *e, double d);
 
 enum kvev_format {
 	KVEV_FORMAT_ARRAY = 0, /* SGLang: array_like structs */
-	KVEV_FORMAT_MAP,       /* vLLM: maps with a "type" tag */
+	KVEV_FORMAT_MAP, /* vLLM: maps with a "type" tag */
 };
 
 struct kvevents;
@@ -172,11 +172,11 @@ uint64_t kvevents_seq(const struct kvevents *k); /* next sequence number */
 /* A parsed request; valid during the request callback only. */
 struct srv_request {
 	const char *sr_method; /* "GET", "POST", ... */
-	const char *sr_path;   /* without the query */
-	const char *sr_query;  /* "" when none */
+	const char *sr_path; /* without the query */
+	const char *sr_query; /* "" when none */
 	const char *sr_routing_key; /* x-smg-routing-key or NULL */
-	const char *sr_request_id;  /* x-request-id or NULL */
-	const char *sr_body;	    /* NUL-terminated */
+	const char *sr_request_id; /* x-request-id or NULL */
+	const char *sr_body; /* NUL-terminated */
 	size_t sr_body_len;
 };
 

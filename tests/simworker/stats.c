@@ -104,8 +104,8 @@ stats_ring_add(struct stats_ring *r, double v)
 }
 
 void
-stats_record(struct stats *s, uint32_t prompt, uint32_t cached,
-    double ttft_ms, double e2e_ms)
+stats_record(struct stats *s, uint32_t prompt, uint32_t cached, double ttft_ms,
+    double e2e_ms)
 {
 	s->s_requests++;
 	s->s_prompt_tokens += prompt;
@@ -163,8 +163,8 @@ stats_to_json(const struct stats *s, cJSON *obj)
 	    (double)s->s_cached_tokens);
 	cJSON_AddNumberToObject(obj, "hit_rate",
 	    s->s_prompt_tokens
-		? (double)s->s_cached_tokens / (double)s->s_prompt_tokens
-		: 0.0);
+	        ? (double)s->s_cached_tokens / (double)s->s_prompt_tokens
+	        : 0.0);
 	o = cJSON_AddObjectToObject(obj, "ttft_ms");
 	stats_percentiles(&s->s_ttft, o, ttft_q, ttft_n, 3);
 	o = cJSON_AddObjectToObject(obj, "e2e_ms");

@@ -2,13 +2,20 @@
 shutdown, and the command-line front door (launch alias, --help,
 --version)."""
 import os
+import re
 import signal
 import subprocess
+import threading
 
 import pytest
 
 import gw
+import sim
 import util
+
+
+# Any policy will do; the launcher does not route.
+RR = ("--policy", "round_robin")
 
 
 def run_smg(tmp_path, *args, timeout=10):
@@ -64,8 +71,8 @@ def test_help_and_version(tmp_path):
 
 
 def test_starts_everything_and_sigterm_cleans_up(tmp_path):
-    g = gw.start_gateway(tmp_path, "--worker-urls", "http://127.0.0.1:1",
-                         frontends=2)
+    g = gw.start_gateway(tmp_path, *RR, "--worker-urls",
+                         "http://127.0.0.1:1", frontends=2)
     with g:
         pids = g.pids()
         assert len(pids["broker"]) == 1 and len(pids["poller"]) == 1
@@ -93,13 +100,13 @@ def _slot_of(pid):
 
 
 def test_launch_alias(tmp_path):
-    with gw.start_gateway(tmp_path, command="launch") as g:
+    with gw.start_gateway(tmp_path, *RR, command="launch") as g:
         assert g.get("/liveness").status == 200
         g.stop()
 
 
 def test_killed_frontend_is_restarted(tmp_path):
-    with gw.start_gateway(tmp_path, frontends=2) as g:
+    with gw.start_gateway(tmp_path, *RR, frontends=2) as g:
         before = g.pids()
         victim = before["frontend"][0]
         os.kill(victim, signal.SIGKILL)
@@ -122,7 +129,7 @@ def test_killed_frontend_is_restarted(tmp_path):
 
 
 def test_killed_broker_and_poller_are_restarted(tmp_path):
-    with gw.start_gateway(tmp_path) as g:
+    with gw.start_gateway(tmp_path, *RR) as g:
         before = g.pids()
         os.kill(before["broker"][0], signal.SIGKILL)
         os.kill(before["poller"][0], signal.SIGKILL)
@@ -140,7 +147,7 @@ def test_killed_broker_and_poller_are_restarted(tmp_path):
 
 
 def test_launcher_sigkill_takes_children_down(tmp_path):
-    g = gw.start_gateway(tmp_path, frontends=2)
+    g = gw.start_gateway(tmp_path, *RR, frontends=2)
     children = [p for v in g.pids().values() for p in v]
     try:
         g.proc.kill()
@@ -151,7 +158,7 @@ def test_launcher_sigkill_takes_children_down(tmp_path):
 
 
 def test_second_launcher_on_same_run_dir_refused(tmp_path):
-    with gw.start_gateway(tmp_path) as g:
+    with gw.start_gateway(tmp_path, *RR) as g:
         r = run_smg(tmp_path, "--run-dir", g.run_dir, "--state-dir",
                     g.state_dir, "--host", "127.0.0.1", "--port",
                     util.free_port(), "--prometheus-port",
@@ -160,3 +167,53 @@ def test_second_launcher_on_same_run_dir_refused(tmp_path):
         assert "another smg runs" in r.stderr, r.stderr
         assert g.get("/liveness").status == 200
         g.stop()
+
+
+def _worker_load(g, wid):
+    r = g.get(f"/workers/{wid}", timeout=2)
+    return r.json().get("load") if r.status == 200 else None
+
+
+def _active_gauge(g, url):
+    for line in g.metrics().splitlines():
+        m = re.match(r'smg_worker_requests_active\{worker="([^"]*)"\} (\d+)',
+                     line)
+        if m and m.group(1) == url:
+            return int(m.group(2))
+    return None
+
+
+def test_restarted_broker_sees_inflight(tmp_path):
+    w = sim.start_simworker(tmp_path)
+    try:
+        with gw.start_gateway(tmp_path, *RR, "--worker-urls", w.url) as g:
+            g.wait_ready(1)
+            wid = g.get("/workers").json()["workers"][0]["id"]
+            result = {}
+
+            def hold():
+                result["r"] = g.post("/generate", {
+                    "text": "hold me", "sim_hold_ms": 6000,
+                    "sampling_params": {"max_new_tokens": 1}}, timeout=30)
+            t = threading.Thread(target=hold)
+            t.start()
+            try:
+                util.wait_for(lambda: _worker_load(g, wid) == 1,
+                              what="the request in flight")
+                old = g.pids()["broker"]
+                os.kill(old[0], signal.SIGKILL)
+                util.wait_for(lambda: g.pids()["broker"] not in ([], old),
+                              what="a new broker")
+                # Answered by the new broker, from the frontends' counters.
+                util.wait_for(lambda: _worker_load(g, wid) == 1,
+                              what="in-flight seen by the new broker")
+                assert _active_gauge(g, w.url) == 1
+            finally:
+                t.join(30 * util.TIMEOUT_MULT)
+            assert result["r"].status == 200, result["r"]
+            util.wait_for(lambda: _worker_load(g, wid) == 0,
+                          what="in-flight back to 0")
+            assert "restarted smg-broker" in g.log()
+            g.stop()
+    finally:
+        w.stop()

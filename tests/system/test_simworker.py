@@ -479,3 +479,25 @@ def test_sigint_exits_cleanly(tmp_path):
     w = start_simworker(tmp_path, "--time-scale", "0")
     completion(w.port, "x")
     w.proc.stop(sig=signal.SIGINT)
+
+
+def test_expect_100_continue_and_pipelining(workers):
+    w = workers("--time-scale", "0")
+    body = json.dumps({"prompt": "y" * 2000, "max_tokens": 1}).encode()
+    with socket.create_connection(("127.0.0.1", w.port), timeout=5) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                  b"Expect: 100-continue\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(body))
+        assert s.recv(100) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        # The body, then two pipelined requests in one write.
+        s.sendall(body + b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+                  b"GET /v1/models HTTP/1.1\r\nHost: x\r\n"
+                  b"Connection: close\r\n\r\n")
+        data = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    assert data.count(b"HTTP/1.1 200 OK") == 3
+    assert data.index(b"text_completion") < data.index(b"sim-model\",\"object")

@@ -1,0 +1,937 @@
+#!/usr/bin/python3
+"""datapath.py: the data-path benchmark of smg-c, side by side with nginx,
+HAProxy and a worker reached directly, in one run on one machine.
+
+It starts two smg-simworkers (--time-scale 0: answers without delay), then
+smg-c (round_robin over both), nginx and HAProxy (both round robin over the
+same workers, keep-alive upstreams), and measures each with wrk:
+  * peak: closed loop, --threads x --connections, requests/s and p50/p99;
+  * half load: the same request rate for every target, half of smg-c's peak
+    (HAProxy's when smg-c could not be measured), offered by wrk with a
+    think time per connection and a connection count calibrated per target;
+    p50/p99 there, and the latency each proxy adds over the direct worker;
+for two workloads: a ~1 KB non-streaming POST /v1/completions, and a
+streamed response of 64 chunks. It also runs bench-pingpong (Unix
+socketpair round trip, 256 B) and reads smg-c's own
+smg_broker_round_trip_seconds histogram before and after each smg-c run.
+
+Prints a Markdown report (also written to --out). Runs with errors are
+reported with their counts. Ports are picked free; every process started is
+stopped on exit, Ctrl-C and failure included. Standard library only.
+
+usage: /usr/bin/python3 tests/bench/datapath.py [--build-dir DIR] [--out F]
+"""
+import argparse
+import datetime
+import http.client
+import json
+import math
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+LUA = os.path.join(HERE, "datapath.lua")
+MODEL = "sim-model"
+TARGETS = ("direct", "smg-c", "nginx", "haproxy")
+TARGET_TITLES = {"direct": "direct (1 worker)", "smg-c": "smg-c",
+                 "nginx": "nginx", "haproxy": "HAProxy"}
+WORKLOADS = ("completion", "stream")
+WORKLOAD_TITLES = {
+    "completion": "non-streaming POST /v1/completions, ~1 KB prompt, "
+                  "max_tokens 8",
+    "stream": "streamed POST /v1/completions, max_tokens 64 "
+              "(64 SSE chunks + usage + [DONE])",
+}
+# Histogram buckets handed to smg-c so the decision round trip (tens of
+# microseconds to milliseconds) is resolved; at most 24 bounds.
+RTT_BUCKETS = ("2.5e-05 5e-05 7.5e-05 0.0001 0.000125 0.00015 0.0002 "
+               "0.00025 0.0003 0.0004 0.0005 0.0006 0.0008 0.001 0.0015 "
+               "0.002 0.003 0.004 0.006 0.008 0.012 0.02 0.05 1").split()
+RTT_FAMILY = "smg_broker_round_trip_seconds"
+FALLBACK_FAMILY = "smg_broker_fallback_decisions_total"
+
+
+class Interrupted(Exception):
+    pass
+
+
+def on_signal(signum, _frame):
+    raise Interrupted(f"signal {signum}")
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def log(msg):
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+class Procs:
+    """Processes started by the run, each in its own process group."""
+
+    def __init__(self, tmp):
+        self.tmp = tmp
+        self.procs = []
+
+    def start(self, name, argv, env=None):
+        out = open(os.path.join(self.tmp, name + ".log"), "wb")
+        p = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                             stdin=subprocess.DEVNULL, env=env,
+                             start_new_session=True)
+        out.close()
+        p.bench_name = name
+        self.procs.append(p)
+        return p
+
+    def run(self, argv, env, timeout):
+        """Runs argv to completion in its own group; (rc, stdout, stderr)."""
+        p = subprocess.Popen(argv, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                             env=env, start_new_session=True)
+        p.bench_name = os.path.basename(argv[0])
+        self.procs.append(p)
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.stop(p)
+            out, err = p.communicate()
+            return -1, out.decode(errors="replace"), "timed out"
+        finally:
+            if p in self.procs and p.poll() is not None:
+                self.procs.remove(p)
+        return p.returncode, out.decode(errors="replace"), \
+            err.decode(errors="replace")
+
+    @staticmethod
+    def _signal_group(p, sig):
+        try:
+            os.killpg(p.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def stop(self, p, grace=5.0):
+        if p.poll() is None:
+            self._signal_group(p, signal.SIGTERM)
+            try:
+                p.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                pass
+        # The group may outlive its leader (children of the smg launcher).
+        self._signal_group(p, signal.SIGKILL)
+        try:
+            p.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            log(f"{p.bench_name} (pid {p.pid}) did not exit")
+
+    def stop_all(self):
+        for p in reversed(self.procs):
+            self.stop(p)
+        self.procs = []
+        self._kill_strays()
+
+    def _kill_strays(self):
+        """Kills any process left whose command line names our temp dir
+        (a child that moved to a session of its own)."""
+        me = os.getpid()
+        for d in os.listdir("/proc"):
+            if not d.isdigit() or int(d) == me:
+                continue
+            try:
+                with open(f"/proc/{d}/cmdline", "rb") as f:
+                    cmd = f.read().decode(errors="replace")
+            except OSError:
+                continue
+            if self.tmp in cmd:
+                log(f"killing stray pid {d}: {cmd.replace(chr(0), ' ')[:80]}")
+                try:
+                    os.kill(int(d), signal.SIGKILL)
+                except OSError:
+                    pass
+
+
+# ---------------------------------------------------------------- probes
+
+
+def post(port, body, timeout=5.0):
+    """One POST /v1/completions; (status, headers, body bytes)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("POST", "/v1/completions", body=body,
+                     headers={"Content-Type": "application/json"})
+        r = conn.getresponse()
+        data = r.read()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, data
+    finally:
+        conn.close()
+
+
+def probe(port, bodies, n=4):
+    """Checks that a target answers both workloads correctly. Returns
+    (None, workers seen) or (error text, workers seen)."""
+    seen = []
+    for _ in range(n):
+        st, hdrs, data = post(port, bodies["completion"])
+        if st != 200:
+            return f"non-streaming: HTTP {st}: {data[:200]!r}", seen
+        json.loads(data)
+        seen.append(hdrs.get("x-sim-worker", "?"))
+    st, hdrs, data = post(port, bodies["stream"])
+    if st != 200:
+        return f"streaming: HTTP {st}: {data[:200]!r}", seen
+    events = [ln for ln in data.split(b"\n") if ln.startswith(b"data: ")]
+    if not events or events[-1].strip() != b"data: [DONE]" or \
+            len(events) < 66:
+        return f"streaming: {len(events)} events, last " \
+               f"{events[-1][:60] if events else b''!r}", seen
+    return None, seen
+
+
+def wait_ready(port, bodies, timeout, proc):
+    deadline = time.monotonic() + timeout
+    err = "not tried"
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            return f"exited with status {proc.returncode}", []
+        try:
+            err, seen = probe(port, bodies)
+            if err is None:
+                return None, seen
+        except (OSError, http.client.HTTPException, ValueError) as e:
+            err = f"{type(e).__name__}: {e}"
+        time.sleep(0.2)
+    return f"not ready after {timeout:.0f}s: {err}", []
+
+
+# ---------------------------------------------------------------- metrics
+
+METRIC_LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)')
+
+
+def scrape(port):
+    """GET /metrics -> {(name, labels): value}, or None if unreachable."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        conn.request("GET", "/metrics")
+        r = conn.getresponse()
+        text = r.read().decode(errors="replace")
+        if r.status != 200:
+            return None
+    except (OSError, http.client.HTTPException):
+        return None
+    finally:
+        conn.close()
+    out = {}
+    for ln in text.splitlines():
+        m = METRIC_LINE.match(ln)
+        if m:
+            try:
+                out[(m.group(1), m.group(2) or "")] = float(m.group(3))
+            except ValueError:
+                pass
+    return out
+
+
+def histogram_delta(before, after, family):
+    """Bucket counts (upper bound, cumulative count) of after - before, the
+    sum and the count; None if the family is absent."""
+    buckets = []
+    for (name, labels), v in after.items():
+        if name != family + "_bucket":
+            continue
+        m = re.search(r'le="([^"]+)"', labels)
+        if not m:
+            continue
+        le = math.inf if m.group(1) == "+Inf" else float(m.group(1))
+        buckets.append((le, v - before.get((name, labels), 0.0)))
+    if not buckets:
+        return None
+    buckets.sort()
+    key_sum, key_count = (family + "_sum", ""), (family + "_count", "")
+    return {
+        "buckets": buckets,
+        "sum": after.get(key_sum, 0.0) - before.get(key_sum, 0.0),
+        "count": after.get(key_count, 0.0) - before.get(key_count, 0.0),
+    }
+
+
+def histogram_quantile(q, buckets):
+    """Prometheus-style: linear interpolation inside the bucket holding
+    the q-quantile, lower bound 0 for the first; returns (value, exact)
+    where exact is False when the quantile lies in the +Inf bucket."""
+    total = buckets[-1][1]
+    if total <= 0:
+        return None, True
+    rank = q * total
+    prev_le, prev_c = 0.0, 0.0
+    for le, c in buckets:
+        if c >= rank:
+            if math.isinf(le):
+                return prev_le, False
+            if c == prev_c:
+                return le, True
+            return prev_le + (le - prev_le) * (rank - prev_c) / (c - prev_c), \
+                True
+        prev_le, prev_c = le, c
+    return prev_le, False
+
+
+def counter_delta(before, after, family):
+    keys = [k for k in after if k[0] == family]
+    if not keys:
+        return None
+    return sum(after[k] - before.get(k, 0.0) for k in keys)
+
+
+def selection_delta(before, after):
+    """smg_worker_selection_total per worker label over a run."""
+    out = {}
+    for (name, labels), v in after.items():
+        if name != "smg_worker_selection_total":
+            continue
+        m = re.search(r'worker="([^"]+)"', labels)
+        w = m.group(1) if m else labels
+        out[w] = out.get(w, 0.0) + v - before.get((name, labels), 0.0)
+    return out
+
+
+# ---------------------------------------------------------------- wrk
+
+
+def wrk(procs, args, url, body_file, conns, secs, delay_ms=None):
+    """One wrk run; a dict of its figures, plus "rps", or {"failed": why}."""
+    env = dict(os.environ, BENCH_BODY_FILE=body_file)
+    env.pop("BENCH_DELAY_MS", None)
+    if delay_ms:
+        env["BENCH_DELAY_MS"] = str(delay_ms)
+    threads = min(args.threads, conns)
+    argv = ["wrk", f"-t{threads}", f"-c{conns}", f"-d{secs}s", "--latency",
+            "--timeout", "10s", "-s", LUA, url]
+    rc, out, err = procs.run(argv, env, timeout=secs + 30)
+    for ln in out.splitlines():
+        if ln.startswith("BENCH_RESULT "):
+            r = json.loads(ln[len("BENCH_RESULT "):])
+            r["rps"] = r["requests"] * 1e6 / max(r["duration_us"], 1)
+            r["conns"] = conns
+            r["errors_total"] = sum(r["errors"].values())
+            return r
+    return {"failed": f"wrk exit {rc}: {(err or out).strip()[:200]}"}
+
+
+def calibrate(procs, args, url, body_file, rate):
+    """The connection count that offers about `rate` req/s when each
+    connection waits args.think_ms after a response before its next
+    request: a first guess, then short runs on this target scale it by
+    offered/achieved. Returns (conns, None) or (None, failure text)."""
+    d = args.think_ms
+    conns = max(args.threads, math.ceil(rate * (d + 0.5) / 1000.0))
+    conns = min(conns, args.max_conns)
+    for _ in range(args.calibrations):
+        r = wrk(procs, args, url, body_file, conns, args.calib_secs, d)
+        if "failed" in r:
+            return None, r["failed"]
+        if r["rps"] <= 0:
+            return None, "no request completed while calibrating"
+        if abs(r["rps"] - rate) <= 0.05 * rate:
+            break
+        want = round(conns * rate / r["rps"])
+        want = max(args.threads, min(args.max_conns, want))
+        if want == conns:
+            break
+        conns = want
+    return conns, None
+
+
+# ---------------------------------------------------------------- targets
+
+
+def nginx_conf(tmp, port, workers, cores):
+    ups = "\n".join(f"        server 127.0.0.1:{w};" for w in workers)
+    return f"""# generated by tests/bench/datapath.py
+worker_processes {cores};
+daemon off;
+master_process on;
+pid {tmp}/nginx.pid;
+error_log {tmp}/nginx-error.log warn;
+events {{
+    worker_connections 4096;
+}}
+http {{
+    access_log off;
+    client_body_temp_path {tmp}/nginx-body;
+    proxy_temp_path {tmp}/nginx-proxy;
+    keepalive_requests 1000000;
+    upstream workers {{
+{ups}
+        keepalive 64;
+        keepalive_requests 1000000;
+    }}
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{
+            proxy_pass http://workers;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+        }}
+    }}
+}}
+"""
+
+
+def haproxy_conf(port, workers, cores):
+    srv = "\n".join(f"    server w{i + 1} 127.0.0.1:{w}"
+                    for i, w in enumerate(workers))
+    return f"""# generated by tests/bench/datapath.py
+global
+    nbthread {cores}
+    maxconn 20000
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 60s
+    timeout server 60s
+    http-reuse always
+frontend bench
+    bind 127.0.0.1:{port}
+    default_backend workers
+backend workers
+    balance roundrobin
+{srv}
+"""
+
+
+def wait_port_file(path, proc, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.bench_name} exited with status "
+                               f"{proc.returncode}")
+        try:
+            with open(path) as f:
+                s = f.read().strip()
+            if s:
+                return int(s)
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"{path}: no port after {timeout}s")
+
+
+def build_type(build_dir):
+    try:
+        with open(os.path.join(build_dir, "CMakeCache.txt")) as f:
+            for ln in f:
+                if ln.startswith("CMAKE_BUILD_TYPE:"):
+                    return ln.split("=", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
+def first_line(argv):
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+        return (p.stdout + p.stderr).strip().splitlines()[0]
+    except (OSError, IndexError, subprocess.TimeoutExpired):
+        return "unknown"
+
+
+def machine():
+    model = "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for ln in f:
+                if ln.startswith("model name"):
+                    model = ln.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    commit = first_line(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"])
+    dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain",
+                            "--untracked-files=no"],
+                           capture_output=True, text=True).stdout.strip()
+    return {
+        "nproc": len(os.sched_getaffinity(0)),
+        "cpu": model,
+        "kernel": f"{platform.system()} {platform.release()}",
+        "date": datetime.datetime.now(datetime.timezone.utc)
+        .strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": commit + (" (with uncommitted changes)" if dirty else ""),
+        "wrk": first_line(["wrk", "-v"]),
+        "nginx": first_line(["nginx", "-v"]),
+        "haproxy": first_line(["haproxy", "-v"]),
+    }
+
+
+# ---------------------------------------------------------------- report
+
+
+def fmt_ms(us):
+    return f"{us / 1000.0:.2f}"
+
+
+def fmt_errors(r):
+    if "failed" in r:
+        return "run failed"
+    e = {k: v for k, v in r["errors"].items() if v}
+    if not e:
+        return "0"
+    return "**" + ", ".join(f"{k} {v}" for k, v in e.items()) + "**"
+
+
+def fmt_ratio(a, b):
+    if a is None or b is None or b == 0:
+        return "n/a"
+    return f"{a / b:.2f}x"
+
+
+def fmt_us(sec):
+    return "n/a" if sec is None else f"{sec * 1e6:.0f}"
+
+
+def report(args, m, pp, res, rtt, skipped, rates, seen, died):
+    L = []
+    L.append("# smg-c data-path benchmark\n")
+    L.append(f"- date: {m['date']}; commit {m['commit']}")
+    L.append(f"- machine: {m['nproc']} CPUs ({m['cpu']}), {m['kernel']}")
+    L.append(f"- build: `{args.build_dir}` ({args.build_type})")
+    L.append(f"- tools: {m['wrk']}; {m['nginx']}; {m['haproxy']}")
+    L.append(f"- command: `{' '.join(args.argv)}`")
+    L.append(f"- workers: 2 smg-simworker --time-scale 0; every proxy "
+             f"uses {args.cores} processes/threads (smg-c --frontends "
+             f"{args.cores}, nginx worker_processes, HAProxy nbthread); "
+             f"wrk -t{args.threads} on the same machine")
+    L.append(f"- peak: wrk -c{args.conns}, {args.peak_secs} s after a "
+             f"{args.warm_secs} s warm-up. Half load: "
+             f"{args.think_ms} ms think time per connection, connections "
+             f"calibrated per target to the offered rate, "
+             f"{args.half_secs} s measured")
+    for t, why in skipped.items():
+        L.append(f"- **{TARGET_TITLES[t]} not measured: {why}**")
+    for name, rc in died.items():
+        L.append(f"- **{name} exited during the run (status {rc}); see "
+                 f"its log with --keep-tmp**")
+    for t, s in seen.items():
+        L.append(f"- {TARGET_TITLES[t]} answered from worker(s) "
+                 f"{', '.join(s)} in its first requests")
+    L.append("")
+
+    for w in WORKLOADS:
+        L.append(f"## {WORKLOAD_TITLES[w]}\n")
+        rate = rates.get(w)
+        L.append("| target | peak req/s | p50 ms | p99 ms | errors | "
+                 "half load req/s (conns) | p50 ms | p99 ms | errors |")
+        L.append("|---|---:|---:|---:|---|---:|---:|---:|---|")
+        for t in TARGETS:
+            if t in skipped:
+                L.append(f"| {TARGET_TITLES[t]} | not measured | | | | | "
+                         f"| | |")
+                continue
+            p = res[t][w]["peak"]
+            h = res[t][w].get("half", {"failed": "not run"})
+            row = [TARGET_TITLES[t]]
+            if "failed" in p:
+                row += ["failed", "", "", p["failed"]]
+            else:
+                row += [f"{p['rps']:.0f}", fmt_ms(p["p50_us"]),
+                        fmt_ms(p["p99_us"]), fmt_errors(p)]
+            if "failed" in h:
+                row += ["failed", "", "", h["failed"]]
+            else:
+                row += [f"{h['rps']:.0f} ({h['conns']})",
+                        fmt_ms(h["p50_us"]), fmt_ms(h["p99_us"]),
+                        fmt_errors(h)]
+            L.append("| " + " | ".join(row) + " |")
+        if rate:
+            L.append(f"\nHalf load offered: {rate[0]:.0f} req/s "
+                     f"(half of {rate[1]}'s peak).\n")
+        else:
+            L.append("\nHalf load not run (no peak to halve).\n")
+
+    L.append("## Ratios (smg-c / other, same run)\n")
+    L.append("| workload | figure | smg-c/nginx | smg-c/HAProxy | "
+             "smg-c/direct |")
+    L.append("|---|---|---:|---:|---:|")
+
+    def get(t, w, phase, key):
+        r = res.get(t, {}).get(w, {}).get(phase)
+        if not r or "failed" in r:
+            return None
+        return r[key]
+
+    for w in WORKLOADS:
+        for phase, key, title in (("peak", "rps", "peak req/s"),
+                                  ("peak", "p50_us", "p50 at peak"),
+                                  ("peak", "p99_us", "p99 at peak"),
+                                  ("half", "p50_us", "p50 at half load"),
+                                  ("half", "p99_us", "p99 at half load")):
+            s = get("smg-c", w, phase, key)
+            L.append(f"| {w} | {title} | "
+                     f"{fmt_ratio(s, get('nginx', w, phase, key))} | "
+                     f"{fmt_ratio(s, get('haproxy', w, phase, key))} | "
+                     f"{fmt_ratio(s, get('direct', w, phase, key))} |")
+    L.append("")
+
+    L.append("## Latency added over direct at half load (ms)\n")
+    L.append("| workload | quantile | smg-c | nginx | HAProxy |")
+    L.append("|---|---|---:|---:|---:|")
+    added = {}
+    for w in WORKLOADS:
+        for key in ("p50_us", "p99_us"):
+            d = get("direct", w, "half", key)
+            cells = []
+            for t in ("smg-c", "nginx", "haproxy"):
+                v = get(t, w, "half", key)
+                a = None if v is None or d is None else v - d
+                added[(t, w, key)] = a
+                cells.append("n/a" if a is None else fmt_ms(a))
+            L.append(f"| {w} | {key[:3]} | " + " | ".join(cells) + " |")
+    L.append("")
+
+    L.append("## Decision round trip (frontend to broker and back)\n")
+    if pp.get("failed"):
+        L.append(f"Unix socketpair ping-pong: **failed: {pp['failed']}**\n")
+    else:
+        L.append(f"Unix socketpair ping-pong, {pp['size']} B, "
+                 f"{pp['count']} round trips: p50 {pp['p50_us']:.1f} µs, "
+                 f"p99 {pp['p99_us']:.1f} µs, mean {pp['mean_us']:.1f} µs "
+                 f"({pp['round_trips_per_s']:.0f}/s).\n")
+    if rtt is None:
+        L.append("smg-c not measured: no round-trip figures.\n")
+    elif not rtt:
+        L.append(f"**`{RTT_FAMILY}` is absent from smg-c's /metrics.**\n")
+    else:
+        L.append(f"From smg-c's `{RTT_FAMILY}` histogram (buckets "
+                 f"{RTT_BUCKETS[0]} to {RTT_BUCKETS[-1]} s, quantiles "
+                 f"interpolated inside a bucket), read before and after each "
+                 f"smg-c run. One observation per broker message; a message "
+                 f"carries every decision a frontend had ready in one loop "
+                 f"turn.\n")
+        L.append("| smg-c run | round trips | requests | requests per "
+                 "round trip | p50 µs | p99 µs | mean µs | fallback "
+                 "decisions |")
+        L.append("|---|---:|---:|---:|---:|---:|---:|---:|")
+        for name, d in rtt:
+            if d.get("hist") is None:
+                L.append(f"| {name} | metric absent | | | | | | |")
+                continue
+            h = d["hist"]
+            p50, e50 = histogram_quantile(0.5, h["buckets"])
+            p99, e99 = histogram_quantile(0.99, h["buckets"])
+            mean = h["sum"] / h["count"] if h["count"] else None
+            per = d["requests"] / h["count"] if h["count"] else None
+            fb = d["fallback"]
+            L.append(
+                f"| {name} | {h['count']:.0f} | {d['requests']} | "
+                f"{'n/a' if per is None else f'{per:.1f}'} | "
+                f"{('' if e50 else '> ') + fmt_us(p50)} | "
+                f"{('' if e99 else '> ') + fmt_us(p99)} | {fmt_us(mean)} | "
+                f"{'absent' if fb is None else f'{fb:.0f}'} |")
+            d["p99"] = p99 if e99 else None
+        L.append("")
+        spread = [f"{name}: " + ", ".join(
+            f"{w} {c:.0f}" for w, c in sorted(d.get("selection", {})
+                                              .items()))
+            for name, d in rtt if d.get("selection")]
+        if spread:
+            L.append("Worker selections counted by smg-c "
+                     "(`smg_worker_selection_total`) per run: "
+                     + "; ".join(spread) + ".\n")
+
+    L.append("## Targets of the data path\n")
+
+    def verdict(ok):
+        return "n/a" if ok is None else ("met" if ok else "**missed**")
+
+    for w in WORKLOADS:
+        s, h = get("smg-c", w, "peak", "rps"), get("haproxy", w, "peak", "rps")
+        ok = None if s is None or h is None else s >= 0.8 * h
+        L.append(f"- {w}: throughput >= 0.8x HAProxy: "
+                 f"{fmt_ratio(s, h)} -> {verdict(ok)}")
+        for key in ("p50_us", "p99_us"):
+            a, b = added[("smg-c", w, key)], added[("haproxy", w, key)]
+            if a is None or b is None:
+                ok, txt = None, "n/a"
+            else:
+                limit = max(b, 0) * 1.5
+                ok = a <= limit
+                txt = (f"smg-c adds {fmt_ms(a)} ms, HAProxy {fmt_ms(b)} ms, "
+                       f"limit {fmt_ms(limit)} ms")
+            L.append(f"- {w}: added {key[:3]} at half load <= 1.5x "
+                     f"HAProxy's: {txt} -> {verdict(ok)}")
+    if rtt and not pp.get("failed"):
+        for name, d in rtt:
+            p99 = d.get("p99")
+            ok = None if p99 is None else p99 * 1e6 <= 2 * pp["p99_us"]
+            L.append(f"- decision round trip p99 <= 2x socketpair p99 "
+                     f"({name}): {fmt_us(p99)} µs vs 2 x "
+                     f"{pp['p99_us']:.1f} µs -> {verdict(ok)}")
+    errs = [f"{TARGET_TITLES[t]} {w} {ph}"
+            for t in TARGETS if t not in skipped for w in WORKLOADS
+            for ph in ("peak", "half")
+            if res[t][w].get(ph) and ("failed" in res[t][w][ph] or
+                                      res[t][w][ph]["errors_total"])]
+    L.append("")
+    L.append("Runs with errors or failures: " +
+             (", ".join(errs) if errs else "none") + ".")
+    return "\n".join(L) + "\n"
+
+
+# ---------------------------------------------------------------- main
+
+
+def bodies_for(tmp, prompt_bytes):
+    words = "the quick brown fox jumps over a lazy dog while sim " \
+            "workers answer every request ".split()
+    prompt, i = [], 0
+    while len(" ".join(prompt)) < prompt_bytes:
+        prompt.append(words[i % len(words)])
+        i += 1
+    text = " ".join(prompt)[:prompt_bytes]
+    out = {}
+    for w, extra in (("completion", {"max_tokens": 8}),
+                     ("stream", {"max_tokens": 64, "stream": True})):
+        body = json.dumps(dict({"model": MODEL, "prompt": text}, **extra))
+        path = os.path.join(tmp, f"body-{w}.json")
+        with open(path, "w") as f:
+            f.write(body)
+        out[w] = (path, body.encode())
+    return out
+
+
+def parse_args():
+    ap = argparse.ArgumentParser(
+        description="smg-c data-path benchmark against direct, nginx and "
+                    "HAProxy (one run, one machine)")
+    ap.add_argument("--build-dir",
+                    default=os.environ.get("SMG_BUILD_DIR",
+                                           os.path.join(ROOT,
+                                                        "build-release")),
+                    help="Release build holding smg, smg-simworker and "
+                         "bench-pingpong (default: build-release/)")
+    ap.add_argument("--out", help="also write the Markdown report here")
+    ap.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)),
+                    help="processes/threads of each proxy (default: nproc)")
+    ap.add_argument("--threads", type=int, default=2, help="wrk threads")
+    ap.add_argument("--conns", type=int, default=64,
+                    help="wrk connections at peak")
+    ap.add_argument("--peak-secs", type=int, default=10)
+    ap.add_argument("--warm-secs", type=int, default=2)
+    ap.add_argument("--half-secs", type=int, default=8)
+    ap.add_argument("--calib-secs", type=int, default=2)
+    ap.add_argument("--calibrations", type=int, default=2,
+                    help="calibration runs per half-load measurement")
+    ap.add_argument("--think-ms", type=int, default=2,
+                    help="think time per connection at half load")
+    ap.add_argument("--max-conns", type=int, default=512)
+    ap.add_argument("--prompt-bytes", type=int, default=1000)
+    ap.add_argument("--targets", default=",".join(TARGETS),
+                    help="comma-separated subset of " + ",".join(TARGETS))
+    ap.add_argument("--keep-tmp", action="store_true",
+                    help="keep the temp dir (configs, logs) after the run")
+    args = ap.parse_args()
+    args.argv = ["/usr/bin/python3", os.path.relpath(__file__, ROOT)] + \
+        sys.argv[1:]
+    args.build_dir = os.path.abspath(args.build_dir)
+    args.build_type = build_type(args.build_dir)
+    args.targets = [t for t in args.targets.split(",") if t]
+    for t in args.targets:
+        if t not in TARGETS:
+            ap.error(f"unknown target {t}")
+    return args
+
+
+def start_targets(procs, args, tmp, workers, bodies, skipped, seen):
+    """Starts smg-c, nginx and HAProxy; returns {target: (port, proc)}."""
+    b = args.build_dir
+    urls = [f"http://127.0.0.1:{w}" for w in workers]
+    ports = {"direct": (workers[0], None)}
+    if "smg-c" in args.targets:
+        port, prom = free_port(), free_port()
+        p = procs.start("smg", [
+            os.path.join(b, "smg"), "--policy", "round_robin",
+            "--frontends", str(args.cores), "--worker-urls", *urls,
+            "--run-dir", os.path.join(tmp, "run"),
+            "--state-dir", os.path.join(tmp, "state"),
+            "--port", str(port), "--prometheus-port", str(prom),
+            "--prometheus-duration-buckets", *RTT_BUCKETS,
+            "--log-level", "warn"])
+        ports["smg-c"] = (port, p)
+        args.prom_port = prom
+    if "nginx" in args.targets:
+        port = free_port()
+        for d in ("nginx-body", "nginx-proxy"):
+            os.makedirs(os.path.join(tmp, d), exist_ok=True)
+        conf = os.path.join(tmp, "nginx.conf")
+        with open(conf, "w") as f:
+            f.write(nginx_conf(tmp, port, workers, args.cores))
+        p = procs.start("nginx", ["nginx", "-p", tmp + "/", "-e",
+                                  os.path.join(tmp, "nginx-error.log"),
+                                  "-c", conf])
+        ports["nginx"] = (port, p)
+    if "haproxy" in args.targets:
+        port = free_port()
+        conf = os.path.join(tmp, "haproxy.cfg")
+        with open(conf, "w") as f:
+            f.write(haproxy_conf(port, workers, args.cores))
+        p = procs.start("haproxy", ["haproxy", "-db", "-f", conf])
+        ports["haproxy"] = (port, p)
+    for t in TARGETS:
+        if t not in args.targets:
+            continue
+        if t not in ports:
+            skipped[t] = "not started"
+            continue
+        port, p = ports[t]
+        err, s = wait_ready(port, {w: bodies[w][1] for w in WORKLOADS},
+                            30.0 if t == "smg-c" else 10.0, p)
+        if err:
+            log(f"{t}: {err} (see {tmp}/*.log)")
+            skipped[t] = err
+        else:
+            seen[t] = sorted(set(s))
+            log(f"{t}: ready on port {port}, workers {seen[t]}")
+    return {t: v[0] for t, v in ports.items() if t not in skipped}
+
+
+def main():
+    args = parse_args()
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    for tool in ("wrk", "nginx", "haproxy"):
+        if shutil.which(tool) is None:
+            sys.exit(f"datapath.py: {tool} not found in PATH")
+    for name in ("smg", "smg-simworker", "bench-pingpong"):
+        if not os.path.exists(os.path.join(args.build_dir, name)):
+            sys.exit(f"datapath.py: {args.build_dir}/{name} not built")
+    if args.build_type != "Release":
+        log(f"warning: {args.build_dir} is a {args.build_type} build; "
+            f"figures of a sanitized build say nothing about speed")
+    m = machine()
+    tmp = tempfile.mkdtemp(prefix="smg-bench-")
+    procs = Procs(tmp)
+    res = {t: {w: {} for w in WORKLOADS} for t in TARGETS}
+    skipped = {t: "not selected" for t in TARGETS if t not in args.targets}
+    seen, rates, rtt, died = {}, {}, None, {}
+    try:
+        log(f"temp dir {tmp}")
+        bodies = bodies_for(tmp, args.prompt_bytes)
+        workers = []
+        for i in (1, 2):
+            pf = os.path.join(tmp, f"worker{i}.port")
+            p = procs.start(f"worker{i}", [
+                os.path.join(args.build_dir, "smg-simworker"), "--port", "0",
+                "--port-file", pf, "--time-scale", "0", "--model", MODEL,
+                "--worker-id", f"w{i}", "--log-level", "warn"])
+            workers.append(wait_port_file(pf, p))
+        log(f"workers on ports {workers}")
+        ports = start_targets(procs, args, tmp, workers, bodies, skipped,
+                              seen)
+
+        log("socketpair ping-pong")
+        rc, out, err = procs.run(
+            [os.path.join(args.build_dir, "bench-pingpong"), "--size", "256",
+             "--count", "20000"], None, 120)
+        try:
+            pp = json.loads(out.strip().splitlines()[-1]) if rc == 0 else \
+                {"failed": f"exit {rc}: {err.strip()[:200]}"}
+        except (ValueError, IndexError):
+            pp = {"failed": f"unreadable output {out[:200]!r}"}
+
+        rtt = [] if "smg-c" in ports else None
+
+        def measured(t, w, phase, fn):
+            """Runs fn() -> wrk result, around smg-c metric snapshots."""
+            before = scrape(args.prom_port) if t == "smg-c" else None
+            r = fn()
+            res[t][w][phase] = r
+            if t != "smg-c":
+                return
+            after = scrape(args.prom_port)
+            entry = {"hist": None, "fallback": None, "requests": 0}
+            if before is not None and after is not None:
+                entry["hist"] = histogram_delta(before, after, RTT_FAMILY)
+                entry["fallback"] = counter_delta(before, after,
+                                                  FALLBACK_FAMILY)
+                entry["selection"] = selection_delta(before, after)
+            if "failed" not in r:
+                entry["requests"] = r["requests"]
+            rtt.append((f"{w} {phase}", entry))
+
+        for w in WORKLOADS:
+            for t in TARGETS:
+                if t not in ports:
+                    continue
+                url = f"http://127.0.0.1:{ports[t]}/v1/completions"
+                log(f"{t} {w}: warm-up {args.warm_secs}s, peak "
+                    f"{args.peak_secs}s")
+                wrk(procs, args, url, bodies[w][0], args.conns,
+                    args.warm_secs)
+                measured(t, w, "peak", lambda: wrk(
+                    procs, args, url, bodies[w][0], args.conns,
+                    args.peak_secs))
+                r = res[t][w]["peak"]
+                log(f"{t} {w}: " + (r["failed"] if "failed" in r else
+                                    f"{r['rps']:.0f} req/s, "
+                                    f"errors {r['errors_total']}"))
+        for w in WORKLOADS:
+            base = next((t for t in ("smg-c", "haproxy", "nginx")
+                         if t in ports and "failed" not in res[t][w]["peak"]
+                         and res[t][w]["peak"]["rps"] > 0), None)
+            if base is None:
+                continue
+            rate = res[base][w]["peak"]["rps"] / 2
+            rates[w] = (rate, TARGET_TITLES[base])
+            for t in TARGETS:
+                if t not in ports:
+                    continue
+                url = f"http://127.0.0.1:{ports[t]}/v1/completions"
+                log(f"{t} {w}: half load, {rate:.0f} req/s offered")
+                conns, why = calibrate(procs, args, url, bodies[w][0], rate)
+                if conns is None:
+                    res[t][w]["half"] = {"failed": why}
+                    continue
+                measured(t, w, "half", lambda: wrk(
+                    procs, args, url, bodies[w][0], conns, args.half_secs,
+                    args.think_ms))
+                r = res[t][w]["half"]
+                log(f"{t} {w}: " + (r["failed"] if "failed" in r else
+                                    f"{r['rps']:.0f} req/s with "
+                                    f"{r['conns']} conns"))
+        for p in procs.procs:
+            if p.poll() is not None:
+                died[p.bench_name] = p.returncode
+        if rtt is not None and all(e["hist"] is None for _, e in rtt):
+            rtt = []
+        text = report(args, m, pp, res, rtt, skipped, rates, seen, died)
+        print(text)
+        if args.out:
+            with open(args.out, "w") as f:
+                f.write(text)
+            log(f"report written to {args.out}")
+    except (KeyboardInterrupt, Interrupted) as e:
+        log(f"interrupted ({e or 'Ctrl-C'}); stopping every process")
+        return 130
+    finally:
+        procs.stop_all()
+        if args.keep_tmp:
+            log(f"kept {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
