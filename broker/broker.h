@@ -65,6 +65,33 @@ struct broker_settings {
 	const char *bs_api_key; /* NULL none */
 	const struct broker_startup_worker *bs_workers;
 	size_t bs_nworkers;
+	/*
+	 * Tunables of cache_aware, prefix_hash, manual and the sticky overlay
+	 * (policies.md §6-§8, §11). Valid only with bs_policy_flags; when it
+	 * is false (tests) every policy uses the CLI defaults of the spec.
+	 */
+	bool bs_policy_flags;
+	double bs_cache_threshold;
+	uint32_t bs_balance_abs_threshold;
+	double bs_balance_rel_threshold;
+	double bs_balance_token_usage_threshold;
+	double bs_overload_token_usage_threshold;
+	double bs_overlap_decay;
+	double bs_selection_temperature;
+	uint32_t bs_eviction_interval; /* seconds */
+	uint64_t bs_max_tree_size;
+	uint32_t bs_block_size;
+	const uint32_t *bs_cache_boundaries; /* ascending, > 0 */
+	size_t bs_cache_boundaries_n;
+	bool bs_cache_index_hash; /* --cache-index hash */
+	uint32_t bs_cache_ttl_secs;
+	uint32_t bs_max_idle_secs;
+	int bs_assignment_mode; /* enum assignment_mode */
+	bool bs_assignment_mode_set;
+	uint32_t bs_prefix_token_count;
+	double bs_prefix_hash_load_factor;
+	uint32_t bs_prefix_hash_abs_threshold;
+	bool bs_routing_key_override;
 };
 
 /* ---------------------------------------------------------- breaker.c */
@@ -288,6 +315,11 @@ struct policy_ops {
 	void (*po_on_add)(struct policy *p, struct worker *w);
 	void (*po_on_remove)(struct policy *p, struct worker *w);
 	void (*po_on_report)(struct policy *p, struct worker *w);
+	/* Optional: replaces po_new when set; p->pl_br and pl_builtin are
+	 * filled (pl_br is NULL when no broker was attached). */
+	void *(*po_create)(struct policy *p);
+	/* Optional: housekeeping from the broker tick (eviction sweeps). */
+	void (*po_sweep)(struct policy *p, uint64_t now_ms);
 };
 
 struct policy {
@@ -295,11 +327,16 @@ struct policy {
 	void *pl_state;
 	bool pl_builtin; /* built-in defaults, not CLI flags */
 	bool pl_warned; /* one-shot warnings (passthrough) */
+	struct broker *pl_br; /* the attached broker, or NULL */
 };
 
 extern const struct policy_ops policy_random_ops;
 extern const struct policy_ops policy_round_robin_ops;
 extern const struct policy_ops policy_passthrough_ops;
+extern const struct policy_ops policy_cache_aware_ops;
+extern const struct policy_ops policy_prefix_hash_ops;
+extern const struct policy_ops policy_consistent_hashing_ops;
+extern const struct policy_ops policy_manual_ops;
 
 /*
  * Canonical policy name for a user-given one (case-insensitive, aliases of
@@ -325,6 +362,16 @@ void policy_decide_model(struct broker *br, struct model_entry *me,
 void policy_notify_add(struct broker *br, struct worker *w);
 void policy_notify_remove(struct broker *br, struct worker *w);
 void policy_notify_report(struct broker *br, struct worker *w);
+/*
+ * Policies created from now on see br (pl_br, the settings, shm, metrics,
+ * store); server_new attaches itself before building them, NULL detaches.
+ */
+void policy_attach(struct broker *br);
+/* Calls cb for every live instance: default, legs, per-model ones. */
+typedef void (*policy_each_cb)(void *arg, struct policy *p);
+void policy_each(struct broker *br, policy_each_cb cb, void *arg);
+/* po_sweep of every live instance (the broker tick). */
+void policy_sweep_all(struct broker *br, uint64_t now_ms);
 /* Uniform in [0, n), n >= 1 (xoshiro256**, seeded from getrandom). */
 uint32_t policy_rand_below(uint32_t n);
 
@@ -337,12 +384,27 @@ uint64_t policy_round_robin_counter(void *state, struct worker *const *c,
 
 /* ---------------------------------------------------------- store.c */
 
+/* Write-behind bound of routing state (tree journal, assignments). */
+#define STORE_BEHIND_MS	  50
+/* A queue this large is flushed without waiting for the bound. */
+#define STORE_BATCH_BYTES (8UL * 1024 * 1024)
+/* LMDB's default key size limit. */
+#define STORE_KEY_MAX	  511
+
+enum store_db {
+	STORE_DB_WORKERS = 0, /* url -> worker record JSON */
+	STORE_DB_ASSIGN, /* persist.c: manual and sticky assignments */
+	STORE_DB_JOURNAL, /* persist.c: cache_aware tree inserts */
+	STORE_DB_COUNT,
+};
+
 /*
- * LMDB in the state dir: database `workers` (url -> record JSON) and `meta`
+ * LMDB in the state dir: the databases of enum store_db and `meta`
  * (schema). Puts and deletes are queued in memory and written by
- * store_flush in one write transaction; the broker calls it from an
- * ev_prepare watcher, so a change reaches disk within one loop turn and
- * no transaction ever runs on the decision path.
+ * store_flush in one write transaction. Worker records are flushed from
+ * an ev_prepare watcher (within one loop turn); routing state waits up to
+ * STORE_BEHIND_MS so a burst shares one transaction (store_flush_due).
+ * No transaction ever runs on the decision path.
  */
 struct store *store_open(const char *dir);
 /* Flushes what is queued, then closes; store_close(NULL) is a no-op. */
@@ -356,6 +418,21 @@ int store_flush(struct store *st);
 /* Calls cb for each stored worker record, in key order. */
 typedef void (*store_each_cb)(void *arg, const char *key, const char *value);
 int store_each(struct store *st, store_each_cb cb, void *arg);
+/* Binary records of any database; keys 1..STORE_KEY_MAX bytes. */
+void store_put_db(struct store *st, enum store_db db, const void *key,
+    size_t klen, const void *value, size_t vlen);
+void store_del_db(struct store *st, enum store_db db, const void *key,
+    size_t klen);
+/*
+ * Calls cb for each record of db in key order (key and value valid during
+ * the call only); cb returns non-zero to stop. 0, or -1 on LMDB errors.
+ */
+typedef int (*store_each_bin_cb)(void *arg, const void *key, size_t klen,
+    const void *value, size_t vlen);
+int store_each_db(struct store *st, enum store_db db, store_each_bin_cb cb,
+    void *arg);
+/* Whether the queue must be written now (see above). */
+bool store_flush_due(const struct store *st, uint64_t now_ms);
 /* Write transactions committed so far (tests). */
 uint64_t store_txn_count(const struct store *st);
 

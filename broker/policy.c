@@ -42,12 +42,14 @@ static const struct policy_ops *const policy_table[] = {
 
 static uint64_t policy_rng[4];
 static bool policy_rng_seeded;
+static struct broker *policy_broker;
 
 static const struct policy_ops *policy_ops_find(const char *canonical);
 static uint64_t policy_rotl(uint64_t x, int k);
 static uint64_t policy_next(void);
 static void policy_seed(void);
 static void policy_notify(struct broker *br, struct worker *w, int what);
+static void policy_sweep_one(void *arg, struct policy *p);
 
 const char *
 policy_canonical(const char *name)
@@ -110,8 +112,12 @@ policy_new(const char *name, bool builtin_defaults)
 	p = xcalloc(1, sizeof(*p));
 	p->pl_ops = ops;
 	p->pl_builtin = builtin_defaults;
-	p->pl_state =
-	    ops->po_new != NULL ? ops->po_new(builtin_defaults) : NULL;
+	p->pl_br = policy_broker;
+	if (ops->po_create != NULL)
+		p->pl_state = ops->po_create(p);
+	else
+		p->pl_state =
+		    ops->po_new != NULL ? ops->po_new(builtin_defaults) : NULL;
 	return p;
 }
 
@@ -232,6 +238,42 @@ void
 policy_notify_report(struct broker *br, struct worker *w)
 {
 	policy_notify(br, w, 2);
+}
+
+void
+policy_attach(struct broker *br)
+{
+	policy_broker = br;
+}
+
+void
+policy_each(struct broker *br, policy_each_cb cb, void *arg)
+{
+	unsigned i;
+
+	if (br->br_default != NULL)
+		cb(arg, br->br_default);
+	for (i = 1; i < 4; i++) {
+		if (br->br_legs[i] != NULL)
+			cb(arg, br->br_legs[i]);
+	}
+	for (i = 0; i < br->br_nmodels; i++) {
+		if (br->br_models[i]->me_policy != NULL)
+			cb(arg, br->br_models[i]->me_policy);
+	}
+}
+
+static void
+policy_sweep_one(void *arg, struct policy *p)
+{
+	if (p->pl_ops->po_sweep != NULL)
+		p->pl_ops->po_sweep(p, *(const uint64_t *)arg);
+}
+
+void
+policy_sweep_all(struct broker *br, uint64_t now_ms)
+{
+	policy_each(br, policy_sweep_one, &now_ms);
 }
 
 static uint64_t

@@ -43,8 +43,8 @@ static int ring_parse_index(const char *s, uint64_t *out);
 static size_t ring_least_loaded(const uint64_t *loads, size_t n);
 static size_t ring_utf8_advance(const char *s, size_t len, size_t off,
     uint64_t nchars, uint64_t *advanced);
-static void ring_level_put(struct ring_level *win, size_t *nwin,
-    size_t *next, const struct ring_level *l);
+static void ring_level_put(struct ring_level *win, size_t *nwin, size_t *next,
+    const struct ring_level *l);
 static void ring_feed_tokens(XXH3_state_t *st, const uint32_t *tok,
     size_t *done, size_t b);
 static size_t ring_levels_tokens(const struct ring_prefix_conf *c,
@@ -113,7 +113,8 @@ ring_new(const struct ring_node *nodes, size_t n)
 	r->r_ids = xreallocarray(NULL, n, sizeof(*r->r_ids));
 	for (i = 0, m = 0; i < n; i++) {
 		/* Sorted by (URL, order): the first of a run is kept. */
-		if (m > 0 && strcmp(r->r_urls[m - 1], in[i].rs_node->rn_url) == 0)
+		if (m > 0 &&
+		    strcmp(r->r_urls[m - 1], in[i].rs_node->rn_url) == 0)
 			continue;
 		r->r_urls[m] = xstrdup(in[i].rs_node->rn_url);
 		r->r_ids[m] = in[i].rs_node->rn_id;
@@ -302,7 +303,7 @@ ring_ch_select(struct ring *r, const struct ring_ch_input *in, size_t n,
 	out->rcp_key = key;
 	out->rcp_index = ring_lookup(r, key, strlen(key), cb, arg, NULL);
 	out->rcp_branch = out->rcp_index >= 0 ? RING_CH_ROUTING_KEY_HIT
-					      : RING_CH_NO_HEALTHY_WORKERS;
+	                                      : RING_CH_NO_HEALTHY_WORKERS;
 }
 
 const char *
@@ -380,8 +381,7 @@ ring_levels_finish(struct ring_level *win, size_t nwin, size_t next,
 
 /* Feeds tok[*done..b) to st as 4-byte little-endian ids. */
 static void
-ring_feed_tokens(XXH3_state_t *st, const uint32_t *tok, size_t *done,
-    size_t b)
+ring_feed_tokens(XXH3_state_t *st, const uint32_t *tok, size_t *done, size_t b)
 {
 	unsigned char buf[4 * 64];
 	size_t j, chunk;
@@ -429,7 +429,7 @@ ring_levels_tokens(const struct ring_prefix_conf *c, const uint32_t *tok,
 	}
 	if (nwin == 0) {
 		b = c->rpc_prefix_token_count == 0 ? 1
-						   : c->rpc_prefix_token_count;
+		                                   : c->rpc_prefix_token_count;
 		if (b > ntok)
 			b = ntok;
 		ring_feed_tokens(&st, tok, &done, (size_t)b);
@@ -442,8 +442,8 @@ ring_levels_tokens(const struct ring_prefix_conf *c, const uint32_t *tok,
 }
 
 static size_t
-ring_levels_text(const struct ring_prefix_conf *c, const char *text,
-    size_t len, struct ring_level *out)
+ring_levels_text(const struct ring_prefix_conf *c, const char *text, size_t len,
+    struct ring_level *out)
 {
 	struct ring_level win[RING_PREFIX_MAX_LEVELS], l;
 	XXH3_state_t st;
@@ -471,7 +471,7 @@ ring_levels_text(const struct ring_prefix_conf *c, const char *text,
 	}
 	if (nwin == 0) {
 		b = c->rpc_prefix_token_count == 0 ? 1
-						   : c->rpc_prefix_token_count;
+		                                   : c->rpc_prefix_token_count;
 		off = ring_utf8_advance(text, len, 0, 4 * b, &adv);
 		l.rl_hash = XXH3_64bits(text, off);
 		l.rl_depth = adv;
@@ -487,8 +487,8 @@ ring_prefix_levels(const struct ring_prefix_conf *c,
     struct ring_level out[RING_PREFIX_MAX_LEVELS])
 {
 	if (in->rpi_routing_key != NULL && in->rpi_routing_key_len > 0) {
-		out[0].rl_hash = XXH3_64bits(in->rpi_routing_key,
-		    in->rpi_routing_key_len);
+		out[0].rl_hash =
+		    XXH3_64bits(in->rpi_routing_key, in->rpi_routing_key_len);
 		out[0].rl_kind = RING_LEVEL_ROUTING_KEY;
 		out[0].rl_depth = in->rpi_routing_key_len;
 		out[0].rl_boundary = false;

@@ -14,11 +14,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define RING_VNODES		150
+#define RING_VNODES 150
 /* 16 lowercase hex digits and the NUL. */
-#define RING_HEX_SIZE		17
+#define RING_HEX_SIZE 17
 /* Most levels ring_prefix_levels produces (the deepest ones are kept). */
-#define RING_PREFIX_MAX_LEVELS	32
+#define RING_PREFIX_MAX_LEVELS 32
 
 struct ring;
 
@@ -115,7 +115,8 @@ struct ring_ch_pick {
  * Exactly one branch per call. rcp_key points into in.
  */
 void ring_ch_select(struct ring *r, const struct ring_ch_input *in, size_t n,
-    ring_candidate_cb cb, void *arg, ring_rand_cb rnd, struct ring_ch_pick *out);
+    ring_candidate_cb cb, void *arg, ring_rand_cb rnd,
+    struct ring_ch_pick *out);
 const char *ring_ch_branch_name(enum ring_ch_branch b);
 
 /* ------------------------------------------------------- prefix_hash */
@@ -187,7 +188,7 @@ struct ring_prefix_pick {
 	int rpp_index; /* candidate position; -1 only when n == 0 */
 	enum ring_prefix_branch rpp_branch;
 	int rpp_level; /* level of the ring target used (ring_hit, or the
-			  deepest target of load_balance_walk), else -1 */
+	                  deepest target of load_balance_walk), else -1 */
 };
 
 /*

@@ -115,7 +115,7 @@ test_determinism(void **state)
 		snprintf(key, sizeof(key), "k%d", i);
 		id = 0;
 		assert_true(ring_lookup(a, key, strlen(key), all_candidate,
-				NULL, &id) >= 0);
+		                NULL, &id) >= 0);
 		assert_true(id == 7 || id == 9);
 	}
 	ring_free(a);
@@ -182,13 +182,13 @@ test_candidate_skipping(void **state)
 		/* Skipping a member gives what a ring without it gives. */
 		skip = 3;
 		assert_int_equal(ring_lookup(r, key, strlen(key),
-				     all_but_candidate, &skip, NULL),
+		                     all_but_candidate, &skip, NULL),
 		    lookup_str(r9, key));
 		own = lookup_str(r, key);
 		skip = (uint64_t)own;
 		id = 99;
 		assert_int_not_equal(ring_lookup(r, key, strlen(key),
-					 all_but_candidate, &skip, &id),
+		                         all_but_candidate, &skip, &id),
 		    own);
 		assert_true(id != (uint64_t)own && id < 10);
 	}
@@ -199,16 +199,14 @@ test_candidate_skipping(void **state)
 	assert_int_equal(calls, 1);
 	ids.ri_ids = list;
 	ids.ri_n = 0;
-	assert_int_equal(ring_lookup(r, "abc", 3, ring_ids_candidate, &ids,
-			     NULL),
-	    -1);
+	assert_int_equal(
+	    ring_lookup(r, "abc", 3, ring_ids_candidate, &ids, NULL), -1);
 	/* An id list maps the member to its position in the list. */
 	list[0] = 42;
 	list[1] = 5;
 	ids.ri_n = 2;
-	assert_int_equal(ring_lookup(r, "abc", 3, ring_ids_candidate, &ids,
-			     &id),
-	    1);
+	assert_int_equal(
+	    ring_lookup(r, "abc", 3, ring_ids_candidate, &ids, &id), 1);
 	assert_int_equal(id, 5);
 	ring_free(r);
 	ring_free(r9);
@@ -386,7 +384,8 @@ test_levels_tokens(void **state)
 {
 	static uint32_t tok[17000], other[3048];
 	static const uint32_t b1[] = { 2048, 8192 }, b2[] = { 16, 64 };
-	struct ring_level lv[RING_PREFIX_MAX_LEVELS], lv2[RING_PREFIX_MAX_LEVELS];
+	struct ring_level lv[RING_PREFIX_MAX_LEVELS],
+	    lv2[RING_PREFIX_MAX_LEVELS];
 	struct ring_prefix_conf c;
 	struct ring_prefix_input in;
 	size_t i, n;
@@ -658,8 +657,7 @@ test_prefix_select(void **state)
 	ring_prefix_conf_default(&c);
 
 	/* No ring, or no target among the candidates: least loaded. */
-	ring_prefix_select(NULL, &c, lv, 2, loads, 4, all_candidate, NULL,
-	    &pk);
+	ring_prefix_select(NULL, &c, lv, 2, loads, 4, all_candidate, NULL, &pk);
 	assert_int_equal(pk.rpp_index, 3);
 	assert_int_equal(pk.rpp_branch, RING_PREFIX_FALLBACK_LEAST_LOAD);
 	ring_prefix_select(r, &c, lv, 2, loads, 4, ring_ids_candidate,

@@ -14,7 +14,7 @@
 #include "scorer.h"
 
 #define SCORER_MIN_SLOTS 16
-#define SCORER_K_MAX	 0.999
+#define SCORER_K_MAX     0.999
 
 struct scorer_entry {
 	uint64_t se_id;
@@ -245,11 +245,11 @@ scorer_reporting_score(const struct scorer *s, const struct scorer_entry *e)
 	if (r->sr_waiting_uncached_tokens > 0)
 		queued = (double)r->sr_waiting_uncached_tokens;
 	else
-		queued = (double)(r->sr_waiting_reqs > 0 ? r->sr_waiting_reqs
-							 : 0) *
+		queued =
+		    (double)(r->sr_waiting_reqs > 0 ? r->sr_waiting_reqs : 0) *
 		    s->sc_t.st_mean_prefill_tokens;
 	tp = r->sr_gen_throughput > 0 ? r->sr_gen_throughput
-				      : s->sc_t.st_default_throughput;
+	                              : s->sc_t.st_default_throughput;
 	k = r->sr_token_usage;
 	if (isnan(k) || k < 0)
 		k = 0;
@@ -296,8 +296,8 @@ scorer_select(struct scorer *s, const struct scorer_cand *c, size_t n,
 	}
 	if (kept == 0)
 		return -1;
-	nominal = ntp > 0 ? tp_sum / (double)ntp
-			  : s->sc_t.st_default_throughput;
+	nominal =
+	    ntp > 0 ? tp_sum / (double)ntp : s->sc_t.st_default_throughput;
 	/* Pass 2: every kept candidate's score; reservoir over exact ties. */
 	for (i = 0; i < n; i++) {
 		e = scorer_live(&cx, c[i].sc_id);
@@ -311,8 +311,9 @@ scorer_select(struct scorer *s, const struct scorer_cand *c, size_t n,
 			score = scorer_reporting_score(s, e);
 		} else {
 			kind = SCORER_NON_REPORTING;
-			score = best_rep + (double)c[i].sc_in_flight *
-			    s->sc_t.st_mean_prefill_tokens / nominal;
+			score = best_rep +
+			    (double)c[i].sc_in_flight *
+			        s->sc_t.st_mean_prefill_tokens / nominal;
 		}
 		if (ties == 0 || score < best) {
 			ties = 1;

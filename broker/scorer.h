@@ -81,8 +81,8 @@ const struct scorer_tunables *scorer_get_tunables(const struct scorer *s);
  * report from then on. A failed poll should not be passed in (the previous
  * report stays until it ages out).
  */
-void scorer_report(struct scorer *s, uint64_t id, const struct scorer_report *rep,
-    uint64_t now_ms);
+void scorer_report(struct scorer *s, uint64_t id,
+    const struct scorer_report *rep, uint64_t now_ms);
 /* Drops everything known about id (worker removed). */
 void scorer_forget(struct scorer *s, uint64_t id);
 /*
@@ -109,16 +109,16 @@ int scorer_select(struct scorer *s, const struct scorer_cand *c, size_t n,
  * least_load (§3): one candidate and no cap → it, unscored and uncredited;
  * otherwise scorer_select.
  */
-int scorer_least_load(struct scorer *s, const struct scorer_cand *c,
-    size_t n, int64_t tokens, uint64_t now_ms, uint64_t interval_ms,
+int scorer_least_load(struct scorer *s, const struct scorer_cand *c, size_t n,
+    int64_t tokens, uint64_t now_ms, uint64_t interval_ms,
     struct scorer_pick *out);
 /*
  * power_of_two (§4): one candidate → it (unscored); otherwise a pair drawn
  * by scorer_pair and scorer_select on the pair only. Returns the winner's
  * position in c.
  */
-int scorer_power_of_two(struct scorer *s, const struct scorer_cand *c,
-    size_t n, int64_t tokens, uint64_t now_ms, uint64_t interval_ms,
+int scorer_power_of_two(struct scorer *s, const struct scorer_cand *c, size_t n,
+    int64_t tokens, uint64_t now_ms, uint64_t interval_ms,
     struct scorer_pick *out);
 /*
  * The pair of §4 for n >= 2: i uniform in [0, n), j = (i + 1 + uniform

@@ -57,7 +57,7 @@ struct tree_node {
 	struct tree_slot *n_slots;
 	unsigned char *n_edge;
 	uint32_t n_key;
-	uint32_t n_len;	  /* chars or tokens */
+	uint32_t n_len; /* chars or tokens */
 	uint32_t n_bytes; /* bytes of n_edge */
 	uint32_t n_nkids;
 	uint32_t n_kcap;
@@ -67,7 +67,7 @@ struct tree_node {
 
 struct tree {
 	enum tree_kind t_kind;
-	uint32_t t_bs;	 /* tokens per page; 1 for strings */
+	uint32_t t_bs; /* tokens per page; 1 for strings */
 	uint32_t t_unit; /* bytes per page (tokens only) */
 	uint64_t t_max;
 	uint64_t t_size;
@@ -78,7 +78,7 @@ struct tree {
 	struct tree_ent **t_chunks;
 	uint32_t t_nchunks;
 	uint32_t t_nents; /* entries ever handed out, sentinel included */
-	uint32_t t_free;  /* free list through e_next, 0 = empty */
+	uint32_t t_free; /* free list through e_next, 0 = empty */
 	uint32_t t_nfree;
 	uint32_t *t_path; /* entries of the current insert path */
 	size_t t_pathcap;
@@ -106,8 +106,8 @@ static uint32_t units(const struct tree *, const unsigned char *, size_t);
 static uint32_t key_of(const struct tree *, const unsigned char *);
 static int slot_find(const struct tree_node *, unsigned, uint32_t *);
 static uint32_t kid_lower(const struct tree_node *, uint32_t);
-static struct tree_node *kid_find(const struct tree *,
-    const struct tree_node *, const unsigned char *);
+static struct tree_node *kid_find(const struct tree *, const struct tree_node *,
+    const unsigned char *);
 static uint32_t kid_index(const struct tree_node *, const struct tree_node *);
 static int kid_reserve(struct tree *, struct tree_node *);
 static void kid_add(struct tree_node *, struct tree_node *);
@@ -178,9 +178,9 @@ ent_reserve(struct tree *t, uint32_t n)
 			log_warnx("%s: too many tree entries", __func__);
 			return -1;
 		}
-		chunks = mem_realloc(t, t->t_chunks,
-		    t->t_nchunks * sizeof(*chunks),
-		    (t->t_nchunks + 1) * sizeof(*chunks));
+		chunks =
+		    mem_realloc(t, t->t_chunks, t->t_nchunks * sizeof(*chunks),
+		        (t->t_nchunks + 1) * sizeof(*chunks));
 		if (chunks == NULL)
 			return -1;
 		t->t_chunks = chunks;
@@ -260,8 +260,8 @@ utf8_seqlen(const unsigned char *s, size_t n)
 		return 3;
 	}
 	if (c >= 0xf0 && c <= 0xf4) {
-		if (n < 4 || (s[1] & 0xc0) != 0x80 ||
-		    (s[2] & 0xc0) != 0x80 || (s[3] & 0xc0) != 0x80)
+		if (n < 4 || (s[1] & 0xc0) != 0x80 || (s[2] & 0xc0) != 0x80 ||
+		    (s[3] & 0xc0) != 0x80)
 			return 0;
 		if ((c == 0xf0 && s[1] < 0x90) || (c == 0xf4 && s[1] >= 0x90))
 			return 0;
@@ -281,7 +281,7 @@ utf8_scan(const unsigned char *s, size_t n)
 		if (n - i >= 32) {
 			memcpy(w, s + i, 32);
 			if (((w[0] | w[1] | w[2] | w[3]) &
-			    0x8080808080808080ULL) == 0) {
+			        0x8080808080808080ULL) == 0) {
 				i += 32;
 				chars += 32;
 				continue;
@@ -455,8 +455,7 @@ kid_reserve(struct tree *t, struct tree_node *n)
 	if (n->n_nkids < n->n_kcap)
 		return 0;
 	cap = n->n_kcap == 0 ? 1 : n->n_kcap * 2;
-	k = mem_realloc(t, n->n_kids, n->n_kcap * sizeof(*k),
-	    cap * sizeof(*k));
+	k = mem_realloc(t, n->n_kids, n->n_kcap * sizeof(*k), cap * sizeof(*k));
 	if (k == NULL)
 		return -1;
 	n->n_kids = k;
@@ -544,8 +543,8 @@ detach(struct tree *t, struct tree_node *n, uint32_t pos)
 
 /* A new child of p with edge b (nb bytes, len units); no tenant yet. */
 static struct tree_node *
-leaf_new(struct tree *t, struct tree_node *p, const unsigned char *b,
-    size_t nb, uint32_t len)
+leaf_new(struct tree *t, struct tree_node *p, const unsigned char *b, size_t nb,
+    uint32_t len)
 {
 	struct tree_node *n;
 
@@ -577,7 +576,7 @@ split(struct tree *t, struct tree_node *c, size_t k)
 {
 	struct tree_node *m = NULL, *p = c->n_parent;
 	unsigned char *rest = NULL;
-	uint32_t i, e, restlen = c->n_bytes - (uint32_t)k;
+	uint32_t i, e, at, restlen = c->n_bytes - (uint32_t)k;
 
 	if (ent_reserve(t, c->n_nslots) == -1)
 		return NULL;
@@ -597,6 +596,7 @@ split(struct tree *t, struct tree_node *c, size_t k)
 		mem_free(t, m, sizeof(*m));
 		return NULL;
 	}
+	at = kid_index(p, c);
 	memcpy(m->n_edge, c->n_edge, k);
 	memcpy(rest, c->n_edge + k, restlen);
 	mem_free(t, c->n_edge, c->n_bytes);
@@ -608,7 +608,7 @@ split(struct tree *t, struct tree_node *c, size_t k)
 	c->n_len -= m->n_len;
 	c->n_key = key_of(t, rest);
 
-	p->n_kids[kid_index(p, c)] = m;
+	p->n_kids[at] = m;
 	m->n_parent = p;
 	m->n_kids[0] = c;
 	m->n_nkids = m->n_kcap = 1;
@@ -720,12 +720,12 @@ text_prepare(struct tree *t, const char *s, size_t len, size_t *nb,
 
 /* Inserts the nb bytes at b (nunits chars or tokens, aligned) for tenant. */
 static int
-insert_bytes(struct tree *t, const unsigned char *b, size_t nb,
-    size_t nunits, unsigned tenant)
+insert_bytes(struct tree *t, const unsigned char *b, size_t nb, size_t nunits,
+    unsigned tenant)
 {
 	struct tree_node *n = &t->t_root, *c;
 	size_t pos = 0, depth = 0, k, cap, done = 0;
-	uint32_t ei, *path, pos_slot;
+	uint32_t ei, *path;
 	int rv = -1;
 
 	if (attach(t, n, tenant, &ei) == -1)
@@ -755,6 +755,8 @@ insert_bytes(struct tree *t, const unsigned char *b, size_t nb,
 		}
 		k = common(t, c->n_edge, b + pos,
 		    c->n_bytes < nb - pos ? c->n_bytes : nb - pos);
+		if (k == 0)
+			fatalx("%s: child key matched, edge did not", __func__);
 		if (k < c->n_bytes && (c = split(t, c, k)) == NULL)
 			goto out;
 		if (attach(t, c, tenant, &ei) == -1)
@@ -772,7 +774,6 @@ insert_bytes(struct tree *t, const unsigned char *b, size_t nb,
 		lru_tail(t, ei);
 	}
 out:
-	(void)pos_slot;
 	evict(t);
 	return rv;
 }
@@ -805,7 +806,8 @@ match_bytes(struct tree *t, const unsigned char *b, size_t nb,
 		return;
 	m->tm_node = end;
 	m->tm_total = end->n_nslots;
-	start = t->t_rot++ % end->n_nslots;
+	start = t->t_rot % end->n_nslots;
+	t->t_rot += TREE_MAX_HOLDERS;
 	for (i = 0; i < end->n_nslots && i < TREE_MAX_HOLDERS; i++)
 		m->tm_holders[m->tm_nholders++] =
 		    end->n_slots[(start + i) % end->n_nslots].s_tenant;
@@ -868,8 +870,8 @@ tree_free(struct tree *t)
 		for (i = 0; i < n->n_nkids; i++) {
 			if (sp == cap) {
 				cap = cap * 2;
-				stack = xreallocarray(stack, cap,
-				    sizeof(*stack));
+				stack =
+				    xreallocarray(stack, cap, sizeof(*stack));
 			}
 			stack[sp++] = n->n_kids[i];
 		}
@@ -910,16 +912,15 @@ tree_insert_tokens(struct tree *t, const uint32_t *tok, size_t ntok,
 	size_t n;
 
 	if (t->t_kind != TREE_TOKEN || tenant > TREE_MAX_TENANT ||
-	    (tok == NULL && ntok > 0) ||
-	    ntok > KEY_LIMIT / sizeof(uint32_t)) {
+	    (tok == NULL && ntok > 0) || ntok > KEY_LIMIT / sizeof(uint32_t)) {
 		log_warnx("%s: invalid arguments", __func__);
 		return -1;
 	}
 	n = ntok - ntok % t->t_bs;
 	if (n == 0)
 		return 0;
-	return insert_bytes(t, (const unsigned char *)tok,
-	    n * sizeof(uint32_t), n, tenant);
+	return insert_bytes(t, (const unsigned char *)tok, n * sizeof(uint32_t),
+	    n, tenant);
 }
 
 void
@@ -1093,12 +1094,12 @@ tree_dump(struct tree *t, tree_dump_cb cb, void *arg)
 			free(key);
 			key = xmalloc(keycap);
 		}
-		for (off = 0; depth > 0; off += up[depth]->n_bytes) {
-			depth--;
-			memcpy(key + off, up[depth]->n_edge, up[depth]->n_bytes);
+		for (off = 0; depth > 0; off += n->n_bytes) {
+			n = up[--depth];
+			memcpy(key + off, n->n_edge, n->n_bytes);
 		}
 		if (cb(arg, e->e_tenant, key,
-			t->t_kind == TREE_TOKEN ? nb / sizeof(uint32_t) : nb) !=
+		        t->t_kind == TREE_TOKEN ? nb / sizeof(uint32_t) : nb) !=
 		    0) {
 			rv = -1;
 			break;
@@ -1121,8 +1122,8 @@ tree_check(const struct tree *t)
 
 	rank = xcalloc(t->t_nents, sizeof(*rank));
 	for (i = ent(t, 0)->e_next, r = 1; i != 0; i = e->e_next, r++) {
-		e = ent(t, i);
-		if (i >= t->t_nents || rank[i] != 0 || e->e_node == NULL) {
+		if (i >= t->t_nents || rank[i] != 0 ||
+		    (e = ent(t, i))->e_node == NULL) {
 			log_warnx("%s: recency list broken at %u", __func__, i);
 			goto out;
 		}
@@ -1144,14 +1145,15 @@ tree_check(const struct tree *t)
 			    n->n_len != units(t, n->n_edge, n->n_bytes) ||
 			    n->n_key != key_of(t, n->n_edge) ||
 			    (t->t_kind == TREE_TOKEN &&
-				n->n_bytes % t->t_unit != 0)) {
+			        n->n_bytes % t->t_unit != 0)) {
 				log_warnx("%s: bad node", __func__);
 				goto out;
 			}
 		}
 		for (j = 0; j < n->n_nslots; j++) {
-			if (j > 0 && n->n_slots[j - 1].s_tenant >=
-					 n->n_slots[j].s_tenant) {
+			if (j > 0 &&
+			    n->n_slots[j - 1].s_tenant >=
+			        n->n_slots[j].s_tenant) {
 				log_warnx("%s: slots unsorted", __func__);
 				goto out;
 			}
@@ -1176,8 +1178,9 @@ tree_check(const struct tree *t)
 			}
 			if (p != &t->t_root &&
 			    rank[p->n_slots[pos].s_ent] <= rank[i]) {
-				log_warnx("%s: tenant %u: node more recent than "
-					  "its parent",
+				log_warnx(
+				    "%s: tenant %u: node more recent than "
+				    "its parent",
 				    __func__, e->e_tenant);
 				goto out;
 			}
@@ -1185,14 +1188,15 @@ tree_check(const struct tree *t)
 		for (j = 0; j < n->n_nkids; j++) {
 			if (n->n_kids[j]->n_parent != n ||
 			    (j > 0 &&
-				n->n_kids[j - 1]->n_key > n->n_kids[j]->n_key)) {
+			        n->n_kids[j - 1]->n_key >
+			            n->n_kids[j]->n_key)) {
 				log_warnx("%s: children broken", __func__);
 				goto out;
 			}
 			if (sp == cap) {
 				cap *= 2;
-				stack = xreallocarray(stack, cap,
-				    sizeof(*stack));
+				stack =
+				    xreallocarray(stack, cap, sizeof(*stack));
 			}
 			stack[sp++] = n->n_kids[j];
 		}

@@ -42,7 +42,7 @@ enum tree_kind {
 };
 
 /* Tenant ids are 0 .. TREE_MAX_TENANT. */
-#define TREE_MAX_TENANT	 65534
+#define TREE_MAX_TENANT 65534
 /* Holders reported by a match (§11.3: at most 8). */
 #define TREE_MAX_HOLDERS 8
 
@@ -59,7 +59,8 @@ struct tree_match {
 	/* Number of tenants on that node (may exceed tm_nholders). */
 	unsigned tm_total;
 	/* The node itself, for tree_match_holds; valid only until the next
-	 * insert, eviction or removal on the tree. NULL when tm_matched is 0. */
+	 * insert, eviction or removal on the tree. NULL when tm_matched is 0.
+	 */
 	const struct tree_node *tm_node;
 };
 
@@ -82,8 +83,7 @@ void tree_free(struct tree *tree);
  * arguments are invalid (the tree stays consistent; the prefix may be
  * partially inserted).
  */
-int tree_insert(struct tree *tree, const char *s, size_t len,
-    unsigned tenant);
+int tree_insert(struct tree *tree, const char *s, size_t len, unsigned tenant);
 /* Same for a TREE_TOKEN tree: the ntok token ids, truncated to whole pages.
  * Fewer than block_size tokens: nothing is inserted, returns 0. */
 int tree_insert_tokens(struct tree *tree, const uint32_t *tok, size_t ntok,
@@ -136,8 +136,8 @@ enum tree_kind tree_kind(const struct tree *tree);
  * be changed from cb. cb returns 0 to go on, non-zero to stop; tree_dump
  * returns 0 when all pairs were emitted, -1 when cb stopped it.
  */
-typedef int (*tree_dump_cb)(void *arg, unsigned tenant, const void *key,
-    size_t len);
+typedef int (
+    *tree_dump_cb)(void *arg, unsigned tenant, const void *key, size_t len);
 int tree_dump(struct tree *tree, tree_dump_cb cb, void *arg);
 
 /* Verifies the internal invariants (size, tenant sets closed towards the

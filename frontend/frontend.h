@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <cjson/cJSON.h>
 #include <ev.h>
 
 #include "ipc.pb-c.h"
@@ -288,6 +289,17 @@ void proxy_start(struct conn *c, const struct http_request *hr,
 /* Relays method+path of hr to one given worker (no retries). */
 void proxy_fixed(struct conn *c, const struct http_request *hr,
     const struct shm_worker *w, unsigned slot, const char *request_id);
+
+/* ---------------------------------------------------------- promload.c */
+
+/*
+ * A gateway.md §9.3 load report ({"dp_rank_count":1,"loads":[{...}]}, one
+ * synthetic rank, no absolute token counts) from Prometheus text of
+ * len bytes (need not be NUL-terminated), with the SGLang or vLLM names of
+ * workers.md §3. NULL when neither engine's presence gate metric is there
+ * (or out of memory). The caller owns the result (cJSON_Delete).
+ */
+cJSON *promload_report(const char *text, size_t len);
 
 /* ---------------------------------------------------------- local.c */
 

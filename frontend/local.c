@@ -1,8 +1,9 @@
 /*
  * local.c: request routing by path, and the routes the gateway answers
  * itself (gateway.md §3.2-§3.3): probes, readiness, models, relays to the
- * first Ready worker, fan-outs to every worker (/flush_cache, /get_loads),
- * the worker API (executed by the broker) and /metrics.
+ * first Ready worker, fan-outs to every worker (/flush_cache, /get_loads
+ * with the Prometheus fallback of gateway.md §9.2), the worker API
+ * (executed by the broker) and /metrics.
  */
 #include <ctype.h>
 #include <stdio.h>
@@ -15,7 +16,8 @@
 #include "shared/ipc.h"
 #include "shared/log.h"
 
-#define LOCAL_LOADS_PATH "/v1/loads?include=core,disagg,queues,memory"
+#define LOCAL_LOADS_PATH    "/v1/loads?include=core,disagg,queues,memory"
+#define LOCAL_LOADS_TIMEOUT 5.0 /* per fetch, gateway.md §9.2 */
 
 enum fanout_kind {
 	FANOUT_FLUSH = 0,
@@ -27,13 +29,19 @@ struct fanout;
 struct fanout_part {
 	struct fanout *fp_fo;
 	char fp_url[SHM_URL_MAX];
+	char fp_auth[SHM_KEY_MAX + 16]; /* "Bearer <worker key>" or "" */
+	unsigned fp_slot;
+	uint32_t fp_generation;
 	struct upstream_req *fp_up;
+	ev_timer fp_timer; /* /get_loads: per-fetch deadline */
+	bool fp_metrics; /* /get_loads: the Prometheus fallback */
 	int fp_status;
 	enum upstream_error fp_err;
-	bool fp_done;
 	char *fp_body;
 	size_t fp_len;
 	size_t fp_cap;
+	bool fp_overflow; /* body over FE_FANOUT_BODY_MAX: unusable */
+	cJSON *fp_report; /* /get_loads: the worker's load report */
 };
 
 struct fanout {
@@ -41,6 +49,7 @@ struct fanout {
 	const struct http_request *fo_hr;
 	char fo_id[EXTRACT_REQUEST_ID_MAX + 1];
 	enum fanout_kind fo_kind;
+	bool fo_starting; /* parts still being started */
 	size_t fo_n;
 	size_t fo_left;
 	struct fanout_part fo_parts[];
@@ -67,9 +76,13 @@ static void local_first_ready(struct conn *, const struct http_request *,
 static void local_metrics(struct conn *, const struct http_request *);
 static void local_fanout(struct conn *, const struct http_request *,
     enum fanout_kind, const char *);
+static void fanout_send(struct fanout_part *);
 static void fanout_head(void *, int, const struct upstream_header *, size_t);
 static void fanout_body(void *, const char *, size_t);
 static void fanout_done(void *, enum upstream_error);
+static void fanout_timeout_cb(struct ev_loop *, ev_timer *, int);
+static bool fanout_loads_answered(struct fanout_part *);
+static void fanout_part_done(struct fanout_part *, enum upstream_error);
 static void fanout_gone(void *);
 static void fanout_finish(struct fanout *);
 static void fanout_free(struct fanout *);
@@ -81,6 +94,13 @@ static bool local_authorized(const struct http_request *);
 static size_t local_unescape(const char *, size_t, char *, size_t);
 static bool local_query_param(const struct http_request *, const char *, char *,
     size_t);
+
+/*
+ * Workers whose /v1/loads route is absent (gateway.md §9.2), by slot:
+ * generation + 1 of the worker that lacked it, so a worker that replaces
+ * it in the slot is probed again.
+ */
+static uint32_t local_loads_absent[SHM_MAX_WORKERS];
 
 static const struct conn_handler fanout_handler = {
 	.ch_gone = fanout_gone,
@@ -457,16 +477,14 @@ local_fanout(struct conn *c, const struct http_request *hr,
     enum fanout_kind kind, const char *id)
 {
 	static struct shm_worker ws[SHM_MAX_WORKERS];
-	struct upstream_header hdrs[2];
-	char auth[SHM_KEY_MAX + 16];
+	static unsigned slots[SHM_MAX_WORKERS];
 	struct fanout *fo;
 	unsigned slot, n = 0, i;
-	size_t nh;
 
 	for (slot = 0; slot < SHM_MAX_WORKERS; slot++)
 		if (shm_worker_read(fe->fe_shm, slot, &ws[n]) == 0 &&
 		    ws[n].sw_mode == 0)
-			n++;
+			slots[n++] = slot;
 	if ((fo = calloc(1, sizeof(*fo) + n * sizeof(fo->fo_parts[0]))) ==
 	    NULL) {
 		local_err(c, hr, 503, "out_of_memory", "Out of memory", id);
@@ -476,35 +494,61 @@ local_fanout(struct conn *c, const struct http_request *hr,
 	fo->fo_hr = hr;
 	fo->fo_kind = kind;
 	fo->fo_n = n;
+	fo->fo_left = n;
+	fo->fo_starting = true;
 	snprintf(fo->fo_id, sizeof(fo->fo_id), "%s", id);
 	conn_set_handler(c, &fanout_handler, fo);
 	for (i = 0; i < n; i++) {
 		struct fanout_part *p = &fo->fo_parts[i];
 
 		p->fp_fo = fo;
+		p->fp_slot = slots[i];
+		p->fp_generation = ws[i].sw_generation;
 		snprintf(p->fp_url, sizeof(p->fp_url), "%s", ws[i].sw_url);
-		nh = 0;
-		if (ws[i].sw_api_key[0] != '\0') {
-			snprintf(auth, sizeof(auth), "Bearer %s",
+		if (ws[i].sw_api_key[0] != '\0')
+			snprintf(p->fp_auth, sizeof(p->fp_auth), "Bearer %s",
 			    ws[i].sw_api_key);
-			hdrs[nh].uh_name = "authorization";
-			hdrs[nh].uh_name_len = 13;
-			hdrs[nh].uh_value = auth;
-			hdrs[nh].uh_value_len = strlen(auth);
-			nh++;
-		}
-		p->fp_up = upstream_request(fe->fe_up, ws[i].sw_url,
-		    kind == FANOUT_FLUSH ? "POST" : "GET",
-		    kind == FANOUT_FLUSH ? "/flush_cache" : LOCAL_LOADS_PATH,
-		    hdrs, nh, NULL, 0, &fanout_cbs, p);
-		if (p->fp_up == NULL) {
-			p->fp_done = true;
-			p->fp_err = UPSTREAM_CONNECT_FAILED;
-		} else
-			fo->fo_left++;
+		ev_init(&p->fp_timer, fanout_timeout_cb);
+		p->fp_timer.data = p;
+		/* A worker known to lack /v1/loads goes to /metrics. */
+		p->fp_metrics = kind == FANOUT_LOADS &&
+		    local_loads_absent[p->fp_slot] == p->fp_generation + 1;
+		fanout_send(p);
 	}
+	fo->fo_starting = false;
 	if (fo->fo_left == 0)
 		fanout_finish(fo);
+}
+
+/* Starts the part's current request; a failure to start ends the part. */
+static void
+fanout_send(struct fanout_part *p)
+{
+	struct upstream_header h;
+	const char *path;
+
+	p->fp_status = 0;
+	p->fp_len = 0;
+	p->fp_overflow = false;
+	if (p->fp_fo->fo_kind == FANOUT_FLUSH)
+		path = "/flush_cache";
+	else
+		path = p->fp_metrics ? "/metrics" : LOCAL_LOADS_PATH;
+	h.uh_name = "authorization";
+	h.uh_name_len = 13;
+	h.uh_value = p->fp_auth;
+	h.uh_value_len = strlen(p->fp_auth);
+	p->fp_up = upstream_request(fe->fe_up, p->fp_url,
+	    p->fp_fo->fo_kind == FANOUT_FLUSH ? "POST" : "GET", path, &h,
+	    p->fp_auth[0] != '\0' ? 1 : 0, NULL, 0, &fanout_cbs, p);
+	if (p->fp_up == NULL) {
+		fanout_part_done(p, UPSTREAM_CONNECT_FAILED);
+		return;
+	}
+	if (p->fp_fo->fo_kind == FANOUT_LOADS) {
+		ev_timer_set(&p->fp_timer, LOCAL_LOADS_TIMEOUT, 0.);
+		ev_timer_start(fe->fe_loop, &p->fp_timer);
+	}
 }
 
 static void
@@ -524,12 +568,18 @@ fanout_body(void *arg, const char *data, size_t len)
 	size_t cap;
 	char *nb;
 
-	if (p->fp_len + len > FE_FANOUT_BODY_MAX)
+	if (p->fp_overflow)
 		return;
+	if (p->fp_len + len > FE_FANOUT_BODY_MAX) {
+		p->fp_overflow = true;
+		return;
+	}
 	if (p->fp_len + len + 1 > p->fp_cap) {
 		cap = (p->fp_len + len + 1) * 2;
-		if ((nb = realloc(p->fp_body, cap)) == NULL)
+		if ((nb = realloc(p->fp_body, cap)) == NULL) {
+			p->fp_overflow = true;
 			return;
+		}
 		p->fp_body = nb;
 		p->fp_cap = cap;
 	}
@@ -542,12 +592,76 @@ static void
 fanout_done(void *arg, enum upstream_error err)
 {
 	struct fanout_part *p = arg;
-	struct fanout *fo = p->fp_fo;
 
 	p->fp_up = NULL;
-	p->fp_done = true;
+	fanout_part_done(p, err);
+}
+
+static void
+fanout_timeout_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	struct fanout_part *p = w->data;
+
+	(void)loop;
+	(void)revents;
+	if (p->fp_up != NULL) {
+		upstream_cancel(p->fp_up);
+		p->fp_up = NULL;
+	}
+	fanout_part_done(p, UPSTREAM_TIMEOUT);
+}
+
+/*
+ * gateway.md §9.2 for the /v1/loads answer: true with p->fp_report set
+ * (or left NULL for an empty "loads") when the worker answered with a load
+ * response; false when the Prometheus fallback applies, after noting a
+ * route that is absent (404, 405, 501, or 2xx that is no load response).
+ */
+static bool
+fanout_loads_answered(struct fanout_part *p)
+{
+	bool ok = p->fp_err == UPSTREAM_OK && !p->fp_overflow;
+	cJSON *rep, *loads;
+
+	if (ok && p->fp_status >= 200 && p->fp_status < 300) {
+		rep = p->fp_body != NULL
+		    ? cJSON_ParseWithLength(p->fp_body, p->fp_len)
+		    : NULL;
+		loads = cJSON_GetObjectItemCaseSensitive(rep, "loads");
+		if (cJSON_IsObject(rep) && cJSON_IsArray(loads)) {
+			if (cJSON_GetArraySize(loads) > 0)
+				p->fp_report = rep;
+			else
+				cJSON_Delete(rep);
+			return true;
+		}
+		cJSON_Delete(rep);
+		local_loads_absent[p->fp_slot] = p->fp_generation + 1;
+	} else if (ok &&
+	    (p->fp_status == 404 || p->fp_status == 405 || p->fp_status == 501))
+		local_loads_absent[p->fp_slot] = p->fp_generation + 1;
+	return false;
+}
+
+/* The part's current request ended with err (its handle is gone). */
+static void
+fanout_part_done(struct fanout_part *p, enum upstream_error err)
+{
+	struct fanout *fo = p->fp_fo;
+
+	ev_timer_stop(fe->fe_loop, &p->fp_timer);
 	p->fp_err = err;
-	if (--fo->fo_left == 0)
+	if (fo->fo_kind == FANOUT_LOADS && !p->fp_metrics) {
+		if (!fanout_loads_answered(p)) {
+			p->fp_metrics = true;
+			fanout_send(p);
+			return;
+		}
+	} else if (fo->fo_kind == FANOUT_LOADS && err == UPSTREAM_OK &&
+	    !p->fp_overflow && p->fp_status >= 200 && p->fp_status < 300 &&
+	    p->fp_body != NULL)
+		p->fp_report = promload_report(p->fp_body, p->fp_len);
+	if (--fo->fo_left == 0 && !fo->fo_starting)
 		fanout_finish(fo);
 }
 
@@ -566,9 +680,13 @@ fanout_free(struct fanout *fo)
 	size_t i;
 
 	for (i = 0; i < fo->fo_n; i++) {
-		if (fo->fo_parts[i].fp_up != NULL)
-			upstream_cancel(fo->fo_parts[i].fp_up);
-		free(fo->fo_parts[i].fp_body);
+		struct fanout_part *p = &fo->fo_parts[i];
+
+		ev_timer_stop(fe->fe_loop, &p->fp_timer);
+		if (p->fp_up != NULL)
+			upstream_cancel(p->fp_up);
+		free(p->fp_body);
+		cJSON_Delete(p->fp_report);
 	}
 	free(fo);
 }
@@ -588,25 +706,24 @@ fanout_error(const struct fanout_part *p)
 	}
 }
 
-/* gateway.md §9.4 entry of one worker. */
+/*
+ * gateway.md §9.4 entry of one worker: load = the sum of num_used_tokens
+ * over ranks when some rank has max_total_num_tokens > 0, else -1;
+ * details = the report, absent when there is none. Takes p's report.
+ */
 static cJSON *
-fanout_load_entry(const struct fanout_part *p)
+fanout_load_entry(struct fanout_part *p)
 {
-	cJSON *e = cJSON_CreateObject(), *rep = NULL, *loads, *r, *v;
+	cJSON *e = cJSON_CreateObject(), *loads, *r, *v;
 	double used = 0;
 	bool sized = false;
 
 	cJSON_AddStringToObject(e, "worker", p->fp_url);
-	if (p->fp_err == UPSTREAM_OK && p->fp_status >= 200 &&
-	    p->fp_status < 300 && p->fp_body != NULL)
-		rep = cJSON_ParseWithLength(p->fp_body, p->fp_len);
-	loads =
-	    rep != NULL ? cJSON_GetObjectItemCaseSensitive(rep, "loads") : NULL;
-	if (!cJSON_IsArray(loads) || cJSON_GetArraySize(loads) == 0) {
-		cJSON_Delete(rep);
+	if (p->fp_report == NULL) {
 		cJSON_AddNumberToObject(e, "load", -1);
 		return e;
 	}
+	loads = cJSON_GetObjectItemCaseSensitive(p->fp_report, "loads");
 	cJSON_ArrayForEach(r, loads)
 	{
 		v = cJSON_GetObjectItemCaseSensitive(r, "num_used_tokens");
@@ -617,7 +734,8 @@ fanout_load_entry(const struct fanout_part *p)
 			sized = true;
 	}
 	cJSON_AddNumberToObject(e, "load", sized ? used : -1);
-	cJSON_AddItemToObject(e, "details", rep);
+	cJSON_AddItemToObject(e, "details", p->fp_report);
+	p->fp_report = NULL;
 	return e;
 }
 
@@ -661,21 +779,16 @@ fanout_finish(struct fanout *fo)
 			cJSON_AddStringToObject(j, "status", "success");
 			cJSON_AddStringToObject(j, "message",
 			    "Cache flushed on all workers");
-			cJSON_AddNumberToObject(j, "workers_flushed",
-			    (double)nok);
-			cJSON_AddNumberToObject(j, "total_http_workers",
-			    (double)fo->fo_n);
 		} else {
 			status = 206;
 			cJSON_AddStringToObject(j, "status", "partial_success");
 			cJSON_AddStringToObject(j, "message",
 			    "Cache flush failed on some workers");
-			cJSON_AddNumberToObject(j, "workers_flushed",
-			    (double)nok);
-			cJSON_AddNumberToObject(j, "total_http_workers",
-			    (double)fo->fo_n);
 			cJSON_AddItemToObject(j, "failed", arr);
 		}
+		cJSON_AddNumberToObject(j, "workers_flushed", (double)nok);
+		cJSON_AddNumberToObject(j, "total_http_workers",
+		    (double)fo->fo_n);
 	}
 	fo->fo_conn = NULL;
 	local_json(c, fo->fo_hr, status, j, fo->fo_id);

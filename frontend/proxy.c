@@ -61,7 +61,7 @@ static void proxy_end_inflight(struct req *);
 static void proxy_free(struct req *);
 static void proxy_fail(struct req *, int, const char *, const char *, int);
 static void proxy_count(struct req *, int, bool);
-static void proxy_prepare_body(struct req *);
+static int proxy_resolve_alias(struct req *);
 static bool proxy_can_retry(struct req *);
 
 static const struct conn_handler proxy_handler = {
@@ -128,6 +128,10 @@ proxy_start(struct conn *c, const struct http_request *hr,
 	rq->rq_streaming = rq->rq_in.ei_stream;
 	rq->rq_body = hr->hr_body;
 	rq->rq_body_len = hr->hr_body_len;
+	if (proxy_resolve_alias(rq) == -1) {
+		proxy_fail(rq, 503, "out_of_memory", "Out of memory", 0);
+		return;
+	}
 	rq->rq_di.di_in = &rq->rq_in;
 	rq->rq_di.di_cb = proxy_decided;
 	rq->rq_di.di_arg = rq;
@@ -332,37 +336,49 @@ proxy_decided(void *arg, const struct decision *d)
 	/* The broker counts its own selections; count only local ones. */
 	if (d->dc_fallback)
 		stats_add("smg_worker_selection_total", labels, 1);
-	proxy_prepare_body(rq);
 	proxy_attempt(rq);
 }
 
-/* The worker gets the canonical model id when the client used an alias. */
-static void
-proxy_prepare_body(struct req *rq)
+/*
+ * --model-alias (gateway.md §3.1, §4.1): a request naming an alias is
+ * routed by the canonical id, and the worker gets the body re-serialised
+ * with "model" replaced by it. Other bodies go out byte for byte.
+ * Returns 0, or -1 when out of memory.
+ */
+static int
+proxy_resolve_alias(struct req *rq)
 {
-	cJSON *json = rq->rq_in.ei_json, *m;
-	const char *model = rq->rq_in.ei_model;
-	char *s;
+	struct extract_inputs *in = &rq->rq_in;
+	const char *canon;
+	char *s, *model;
+	cJSON *m;
 
-	if (rq->rq_body_alloc != NULL || json == NULL || model == NULL ||
-	    rq->rq_d.dc_model[0] == '\0' ||
-	    strcmp(rq->rq_d.dc_model, "unknown") == 0 ||
-	    strcmp(rq->rq_d.dc_model, model) == 0)
-		return;
-	if (strcmp(fallback_canonical(fe->fe_cf, model), rq->rq_d.dc_model) !=
-	    0)
-		return;
-	if ((m = cJSON_CreateString(rq->rq_d.dc_model)) == NULL)
-		return;
-	if (!cJSON_ReplaceItemInObjectCaseSensitive(json, "model", m)) {
-		cJSON_Delete(m);
-		return;
+	if (in->ei_model == NULL || in->ei_json == NULL)
+		return 0;
+	canon = fallback_canonical(fe->fe_cf, in->ei_model);
+	if (strcmp(canon, in->ei_model) == 0)
+		return 0;
+	if ((model = strdup(canon)) == NULL)
+		return -1;
+	if ((m = cJSON_CreateString(canon)) == NULL) {
+		free(model);
+		return -1;
 	}
-	if ((s = cJSON_PrintUnformatted(json)) == NULL)
-		return;
+	if (!cJSON_ReplaceItemInObjectCaseSensitive(in->ei_json, "model", m)) {
+		cJSON_Delete(m);
+		free(model);
+		return -1;
+	}
+	if ((s = cJSON_PrintUnformatted(in->ei_json)) == NULL) {
+		free(model);
+		return -1;
+	}
+	free(in->ei_model);
+	in->ei_model = model;
 	rq->rq_body_alloc = s;
 	rq->rq_body = s;
 	rq->rq_body_len = strlen(s);
+	return 0;
 }
 
 static void

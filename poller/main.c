@@ -2,10 +2,11 @@
  * main.c: smg-poller, the process that talks to workers for the broker.
  *
  * One libev loop. Every 200 ms it stamps its shm heartbeat and scans the
- * worker table; each slot's registration (register.c) and health (health.c)
- * schedules run from that scan, and their HTTP requests complete on the
- * loop. Findings reach the broker through report.c. SIGTERM/SIGINT stop the
- * loop: in-flight probes are dropped and the process exits 0.
+ * worker table; each slot's registration (register.c), health (health.c)
+ * and load (load.c) schedules run from that scan, and their HTTP requests
+ * complete on the loop. Findings reach the broker through report.c.
+ * SIGTERM/SIGINT stop the loop: in-flight probes are dropped and the
+ * process exits 0.
  */
 #include "poller/poller.h"
 
@@ -66,6 +67,8 @@ main(int argc, char *argv[])
 	    NULL)
 		fatalx("%s: cannot dial %s", __func__, url);
 	p->p_tls = poller_tls_new(&cf);
+	p->p_load_on = load_wanted(&cf);
+	p->p_load_interval_ms = (uint64_t)cf.cf_load_monitor_interval * 1000;
 
 	ev_timer_init(&scan, poller_scan_cb, 0., POLLER_SCAN_SECS);
 	scan.data = p;
@@ -84,11 +87,18 @@ main(int argc, char *argv[])
 		    __func__, url, cf.cf_health_check_endpoint,
 		    cf.cf_health_check_interval_secs,
 		    cf.cf_health_check_timeout_secs);
+	if (p->p_load_on)
+		log_info("%s: load monitoring every %ld s", __func__,
+		    cf.cf_load_monitor_interval);
+	else
+		log_info("%s: load monitoring off (nothing consumes loads)",
+		    __func__);
 	ev_run(loop, 0);
 
 	for (i = 0; i < SHM_MAX_WORKERS; i++) {
 		register_stop(&p->p_workers[i]);
 		health_stop(&p->p_workers[i]);
+		load_stop(&p->p_workers[i]);
 	}
 	ipc_client_free(p->p_reports);
 	tls_ctx_free(p->p_tls);
@@ -159,6 +169,7 @@ poller_scan_slot(struct poller *p, unsigned slot, uint64_t now)
 		if (pw->pw_in_use) {
 			register_stop(pw);
 			health_stop(pw);
+			load_stop(pw);
 			pw->pw_in_use = false;
 		}
 		return;
@@ -171,6 +182,9 @@ poller_scan_slot(struct poller *p, unsigned slot, uint64_t now)
 		/* A new worker in this slot: start from scratch. */
 		register_stop(pw);
 		health_stop(pw);
+		load_stop(pw);
+		pw->pw_load.ls_absent = false;
+		pw->pw_runtime[0] = '\0';
 		pw->pw_in_use = true;
 		pw->pw_generation = w.sw_generation;
 		memcpy(pw->pw_url, w.sw_url, sizeof(pw->pw_url));
@@ -180,4 +194,5 @@ poller_scan_slot(struct poller *p, unsigned slot, uint64_t now)
 	memcpy(pw->pw_model, w.sw_model, sizeof(pw->pw_model));
 	register_tick(pw, now);
 	health_tick(pw, now);
+	load_tick(pw, now);
 }

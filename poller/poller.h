@@ -2,8 +2,9 @@
  * poller.h: the poller's private contracts, one section per file.
  *
  * smg-poller watches the shm worker table and talks HTTP to workers on one
- * libev loop: registration discovery for Pending workers (register.c) and
- * health probes for Ready/NotReady ones (health.c). Every finding goes to
+ * libev loop: registration discovery for Pending workers (register.c),
+ * health probes for Ready/NotReady ones (health.c) and load polling of
+ * Ready ones (load.c). Every finding goes to
  * the broker as a PollerMsg over nng PUSH (report.c). Nothing here blocks
  * the loop on a worker: each HTTP request has its own socket and deadline.
  */
@@ -22,6 +23,7 @@
 struct config;
 struct ipc_client;
 struct tls_ctx;
+struct pworker;
 
 /* ---- http_client.c ---- */
 
@@ -133,6 +135,65 @@ struct health_state {
 	uint64_t hs_next_ms; /* 0: not scheduled */
 };
 
+/* ---- load.c ---- */
+
+/* gateway.md §9.2: the load route, its timeout and the ranks kept. */
+#define LOAD_PATH         "/v1/loads?include=core,disagg,queues,memory"
+#define LOAD_TIMEOUT_SECS 5.0
+#define LOAD_MAX_RANKS    256
+
+enum load_parse {
+	LOAD_PARSE_REPORT = 0, /* a load response with >= 1 rank */
+	LOAD_PARSE_EMPTY, /* a load response without ranks: ask next tick */
+	LOAD_PARSE_NOT_LOADS, /* not a load response: the route is absent */
+};
+
+enum load_step {
+	LOAD_IDLE = 0,
+	LOAD_LOADS, /* GET /v1/loads in flight */
+	LOAD_METRICS, /* GET /metrics (fallback) in flight */
+};
+
+struct load_state {
+	struct http_client_req *ls_req;
+	enum load_step ls_step;
+	uint64_t ls_next_ms; /* next poll; 0: not scheduled */
+	bool ls_absent; /* /v1/loads is absent: /metrics from now on */
+	unsigned ls_gauge_ranks; /* ranks with smg_engine_* gauges set */
+};
+
+/*
+ * Parses a /v1/loads body (workers.md §2.2): a JSON object with a `loads`
+ * array. Fills ranks[0..*n) (at most max; every field optional, missing
+ * ones 0, dp_rank defaults to the position) and returns whether it was a
+ * report, an empty load response, or not a load response at all.
+ */
+enum load_parse load_parse_json(const char *body, size_t len,
+    Smg__RankLoad *ranks, size_t max, size_t *n);
+/*
+ * Reads one synthetic rank from Prometheus text (workers.md §3): SGLang
+ * names (prefix "sglang:" or "sglang_", whichever has token_usage) or vLLM
+ * names, counts summed and ratios averaged over label sets. runtime
+ * "sglang" or "vllm" restricts the names tried; anything else tries
+ * SGLang first. Returns 0 with *rank filled, -1 when no engine's
+ * presence gauge is in the text (no report).
+ */
+int load_parse_prom(const char *body, size_t len, const char *runtime,
+    Smg__RankLoad *rank);
+/*
+ * Whether the poller polls loads at all (§9.1): always, unless
+ * --disable-load-monitoring and nothing consumes them (load-aware
+ * policies, DP-rank scheduling, --engine-metrics, overload protection).
+ */
+bool load_wanted(const struct config *cf);
+/*
+ * Per-slot hooks of the scan, like health's: every --load-monitor-interval
+ * a Ready worker's /v1/loads (or /metrics fallback) is fetched and the
+ * LoadReport sent to the broker; at most one fetch per worker in flight.
+ */
+void load_tick(struct pworker *pw, uint64_t now_ms);
+void load_stop(struct pworker *pw);
+
 /* ---- main.c / report.c: the process ---- */
 
 /* The poller's view of one worker table slot. */
@@ -145,8 +206,10 @@ struct pworker {
 	char pw_url[SHM_URL_MAX];
 	char pw_api_key[SHM_KEY_MAX];
 	char pw_model[SHM_MODEL_MAX];
+	char pw_runtime[REGISTER_RUNTIME_MAX]; /* learnt by registration */
 	struct register_state pw_reg;
 	struct health_state pw_health;
+	struct load_state pw_load;
 };
 
 struct poller {
@@ -155,6 +218,8 @@ struct poller {
 	struct shm *p_shm;
 	struct ipc_client *p_reports; /* PUSH to RUN/reports.ipc */
 	struct tls_ctx *p_tls; /* NULL: https:// probes fail */
+	bool p_load_on; /* load_wanted() */
+	uint64_t p_load_interval_ms;
 	struct pworker p_workers[SHM_MAX_WORKERS];
 };
 

@@ -352,6 +352,9 @@ reg_report(struct pworker *pw, bool ok)
 	d.error = ok ? "" : rs->rs_error;
 	m.body_case = SMG__POLLER_MSG__BODY_DISCOVERY;
 	m.discovery = &d;
+	/* Kept past registration: the load fallback depends on it. */
+	if (ok)
+		memcpy(pw->pw_runtime, rs->rs_runtime, sizeof(pw->pw_runtime));
 	if (ok)
 		log_info("%s: %s: model %s, runtime %s", __func__, pw->pw_url,
 		    rs->rs_model[0] != '\0' ? rs->rs_model : "(none)",

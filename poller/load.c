@@ -1,0 +1,543 @@
+/*
+ * load.c: load polling of Ready workers (gateway.md §9) and the two report
+ * parsers, /v1/loads JSON (workers.md §2.2) and the Prometheus /metrics
+ * fallback (workers.md §3).
+ *
+ * Every --load-monitor-interval seconds per Ready worker: GET /v1/loads
+ * with the worker's bearer key and a 5 s deadline. A load response with
+ * ranks is a report; `loads: []` is no report this tick; 404/405/501 or a
+ * 2xx that is not a load response marks the route absent for this worker
+ * (until it is removed or replaced) and the /metrics fallback is used from
+ * then on; other failures fall back for this tick only. The fallback
+ * applies to SGLang and vLLM workers (and to workers whose engine the
+ * poller has not learnt); others get no report. Each outcome reaches the
+ * broker as one LoadReport: a report, or ok=false when the tick produced
+ * none (which clears the overload veto, §8). A worker whose fetch is still
+ * running when its next tick comes skips that tick, so a slow worker only
+ * delays itself.
+ */
+#include "poller/poller.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cjson/cJSON.h>
+
+#include "shared/config.h"
+#include "shared/log.h"
+#include "shared/metrics.h"
+
+/* Fallback metric names; the accumulators below are indexed by these. */
+enum load_metric {
+	LM_SG_RUNNING = 0, /* SGLang, after the prefix */
+	LM_SG_QUEUE,
+	LM_SG_USAGE,
+	LM_SG_TPUT,
+	LM_SG_HIT,
+	LM_SG_UTIL,
+	LM_SG_N, /* per prefix */
+	LM_VLLM_RUNNING = 2 * LM_SG_N,
+	LM_VLLM_WAITING,
+	LM_VLLM_USAGE_V1,
+	LM_VLLM_USAGE_V0,
+	LM_VLLM_HIT,
+	LM_N,
+};
+
+static const char *const load_sglang_names[LM_SG_N] = {
+	"num_running_reqs",
+	"num_queue_reqs",
+	"token_usage",
+	"gen_throughput",
+	"cache_hit_rate",
+	"utilization",
+};
+
+static const char *const load_sglang_prefixes[2] = { "sglang:", "sglang_" };
+
+static const char *const load_vllm_names[LM_N - LM_VLLM_RUNNING] = {
+	"vllm:num_requests_running",
+	"vllm:num_requests_waiting",
+	"vllm:kv_cache_usage_perc",
+	"vllm:gpu_cache_usage_perc",
+	"vllm:gpu_prefix_cache_hit_rate",
+};
+
+struct load_acc {
+	double la_sum;
+	unsigned long la_n;
+};
+
+static int64_t load_int(const cJSON *o, const char *name);
+static double load_num(const cJSON *o, const char *name);
+static int load_sample(const char *line, size_t len, const char **name,
+    size_t *nlen, double *value);
+static int load_metric_of(const char *name, size_t nlen);
+static double load_mean(const struct load_acc *a);
+static int64_t load_count(const struct load_acc *a);
+static void load_fetch(struct pworker *pw, enum load_step step);
+static bool load_fallback_allowed(const struct pworker *pw);
+static void load_done_cb(void *arg, const struct http_client_result *res);
+static void load_send(struct pworker *pw, Smg__RankLoad *ranks, size_t n,
+    const char *source);
+static void load_gauges(struct pworker *pw, const Smg__RankLoad *ranks,
+    size_t n);
+static void load_gauge_set(struct pworker *pw, const char *family, int32_t rank,
+    int64_t value);
+static bool load_policy_consumes(enum policy_kind k);
+
+/* ------------------------------------------------------------ parsers */
+
+static double
+load_num(const cJSON *o, const char *name)
+{
+	const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, name);
+
+	if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble))
+		return 0.0;
+	return it->valuedouble;
+}
+
+static int64_t
+load_int(const cJSON *o, const char *name)
+{
+	double v = load_num(o, name);
+
+	/* Clamp into int64 before converting (UB beyond). */
+	if (v >= 9.2e18)
+		return INT64_MAX;
+	if (v <= -9.2e18)
+		return INT64_MIN;
+	return (int64_t)v;
+}
+
+enum load_parse
+load_parse_json(const char *body, size_t len, Smg__RankLoad *ranks, size_t max,
+    size_t *n)
+{
+	const cJSON *root, *loads, *it;
+	enum load_parse rv;
+	size_t k = 0, pos = 0;
+
+	*n = 0;
+	if ((root = cJSON_ParseWithLength(body, len)) == NULL)
+		return LOAD_PARSE_NOT_LOADS;
+	loads = cJSON_GetObjectItemCaseSensitive(root, "loads");
+	if (!cJSON_IsObject(root) || !cJSON_IsArray(loads)) {
+		cJSON_Delete((cJSON *)root);
+		return LOAD_PARSE_NOT_LOADS;
+	}
+	cJSON_ArrayForEach(it, loads)
+	{
+		Smg__RankLoad *r;
+		const cJSON *dp;
+
+		pos++;
+		if (!cJSON_IsObject(it) || k >= max)
+			continue;
+		r = &ranks[k++];
+		smg__rank_load__init(r);
+		dp = cJSON_GetObjectItemCaseSensitive(it, "dp_rank");
+		r->dp_rank = cJSON_IsNumber(dp) && dp->valuedouble >= 0 &&
+		        dp->valuedouble < 1e6
+		    ? (int32_t)dp->valuedouble
+		    : (int32_t)(pos - 1);
+		r->num_running_reqs = load_int(it, "num_running_reqs");
+		r->num_waiting_reqs = load_int(it, "num_waiting_reqs");
+		r->num_waiting_uncached_tokens =
+		    load_int(it, "num_waiting_uncached_tokens");
+		r->num_total_reqs = load_int(it, "num_total_reqs");
+		r->num_used_tokens = load_int(it, "num_used_tokens");
+		r->max_total_num_tokens = load_int(it, "max_total_num_tokens");
+		r->token_usage = load_num(it, "token_usage");
+		r->gen_throughput = load_num(it, "gen_throughput");
+		r->cache_hit_rate = load_num(it, "cache_hit_rate");
+		r->utilization = load_num(it, "utilization");
+		r->max_running_requests = load_int(it, "max_running_requests");
+	}
+	rv = k > 0 ? LOAD_PARSE_REPORT : LOAD_PARSE_EMPTY;
+	*n = k;
+	cJSON_Delete((cJSON *)root);
+	return rv;
+}
+
+/*
+ * One sample line: `name{labels} value [timestamp]` (the label block ends
+ * at the last '}') or `name value`. Returns 0 with the name and value, -1
+ * for anything else (comments, blanks, unparsable values).
+ */
+static int
+load_sample(const char *line, size_t len, const char **name, size_t *nlen,
+    double *value)
+{
+	char num[64];
+	size_t i = 0, end, vlen;
+	char *stop;
+
+	while (i < len && (line[i] == ' ' || line[i] == '\t'))
+		i++;
+	if (i == len || line[i] == '#')
+		return -1;
+	*name = line + i;
+	while (i < len && line[i] != '{' && line[i] != ' ' && line[i] != '\t')
+		i++;
+	*nlen = (size_t)(line + i - *name);
+	if (*nlen == 0)
+		return -1;
+	if (i < len && line[i] == '{') {
+		for (end = len; end > i && line[end - 1] != '}'; end--)
+			;
+		if (end == i)
+			return -1;
+		i = end;
+	}
+	while (i < len && (line[i] == ' ' || line[i] == '\t'))
+		i++;
+	for (vlen = 0; i + vlen < len && line[i + vlen] != ' ' &&
+	     line[i + vlen] != '\t' && line[i + vlen] != '\r';
+	     vlen++)
+		;
+	if (vlen == 0 || vlen >= sizeof(num))
+		return -1;
+	memcpy(num, line + i, vlen);
+	num[vlen] = '\0';
+	*value = strtod(num, &stop);
+	if (*stop != '\0' || !isfinite(*value))
+		return -1;
+	return 0;
+}
+
+static int
+load_metric_of(const char *name, size_t nlen)
+{
+	size_t p, m, plen;
+
+	for (p = 0; p < 2; p++) {
+		plen = strlen(load_sglang_prefixes[p]);
+		if (nlen <= plen ||
+		    memcmp(name, load_sglang_prefixes[p], plen) != 0)
+			continue;
+		for (m = 0; m < LM_SG_N; m++) {
+			if (strlen(load_sglang_names[m]) == nlen - plen &&
+			    memcmp(name + plen, load_sglang_names[m],
+			        nlen - plen) == 0)
+				return (int)(p * LM_SG_N + m);
+		}
+	}
+	for (m = 0; m < LM_N - LM_VLLM_RUNNING; m++) {
+		if (strlen(load_vllm_names[m]) == nlen &&
+		    memcmp(name, load_vllm_names[m], nlen) == 0)
+			return (int)(LM_VLLM_RUNNING + m);
+	}
+	return -1;
+}
+
+static double
+load_mean(const struct load_acc *a)
+{
+	return a->la_n > 0 ? a->la_sum / (double)a->la_n : 0.0;
+}
+
+static int64_t
+load_count(const struct load_acc *a)
+{
+	if (a->la_sum >= 9.2e18)
+		return INT64_MAX;
+	if (a->la_sum <= -9.2e18)
+		return INT64_MIN;
+	return (int64_t)llround(a->la_sum);
+}
+
+int
+load_parse_prom(const char *body, size_t len, const char *runtime,
+    Smg__RankLoad *rank)
+{
+	struct load_acc acc[LM_N];
+	const char *line = body, *nl, *name;
+	bool try_sglang, try_vllm;
+	size_t llen, nlen, p;
+	double v;
+	int m;
+
+	memset(acc, 0, sizeof(acc));
+	while (line < body + len) {
+		nl = memchr(line, '\n', (size_t)(body + len - line));
+		llen = nl != NULL ? (size_t)(nl - line)
+		                  : (size_t)(body + len - line);
+		if (load_sample(line, llen, &name, &nlen, &v) == 0 &&
+		    (m = load_metric_of(name, nlen)) >= 0) {
+			acc[m].la_sum += v;
+			acc[m].la_n++;
+		}
+		line += llen + 1;
+	}
+	try_sglang = runtime == NULL || strcmp(runtime, "vllm") != 0;
+	try_vllm = runtime == NULL || strcmp(runtime, "sglang") != 0;
+	smg__rank_load__init(rank);
+	for (p = 0; p < 2 && try_sglang; p++) {
+		const struct load_acc *a = &acc[p * LM_SG_N];
+
+		if (a[LM_SG_USAGE].la_n == 0)
+			continue;
+		rank->num_running_reqs = load_count(&a[LM_SG_RUNNING]);
+		rank->num_waiting_reqs = load_count(&a[LM_SG_QUEUE]);
+		rank->token_usage = load_mean(&a[LM_SG_USAGE]);
+		rank->gen_throughput = load_mean(&a[LM_SG_TPUT]);
+		rank->cache_hit_rate = load_mean(&a[LM_SG_HIT]);
+		rank->utilization = load_mean(&a[LM_SG_UTIL]);
+		return 0;
+	}
+	if (try_vllm &&
+	    (acc[LM_VLLM_USAGE_V1].la_n > 0 ||
+	        acc[LM_VLLM_USAGE_V0].la_n > 0)) {
+		rank->num_running_reqs = load_count(&acc[LM_VLLM_RUNNING]);
+		rank->num_waiting_reqs = load_count(&acc[LM_VLLM_WAITING]);
+		rank->token_usage = acc[LM_VLLM_USAGE_V1].la_n > 0
+		    ? load_mean(&acc[LM_VLLM_USAGE_V1])
+		    : load_mean(&acc[LM_VLLM_USAGE_V0]);
+		rank->cache_hit_rate = load_mean(&acc[LM_VLLM_HIT]);
+		return 0;
+	}
+	return -1;
+}
+
+/* ----------------------------------------------------------- schedule */
+
+static bool
+load_policy_consumes(enum policy_kind k)
+{
+	return k == POLICY_LEAST_LOAD || k == POLICY_POWER_OF_TWO ||
+	    k == POLICY_CACHE_AWARE;
+}
+
+bool
+load_wanted(const struct config *cf)
+{
+	bool pd = cf->cf_pd_disaggregation || cf->cf_epd_disaggregation;
+
+	if (!cf->cf_disable_load_monitoring)
+		return true;
+	if (load_policy_consumes(cf->cf_policy))
+		return true;
+	if (pd &&
+	    (load_policy_consumes(cf->cf_prefill_policy) ||
+	        load_policy_consumes(cf->cf_decode_policy)))
+		return true;
+	return cf->cf_dp_minimum_tokens_scheduler || cf->cf_engine_metrics ||
+	    cf->cf_worker_overload_protection ||
+	    cf->cf_worker_overload_waiting_requests_set ||
+	    cf->cf_worker_overload_token_usage_set;
+}
+
+void
+load_tick(struct pworker *pw, uint64_t now)
+{
+	struct poller *p = pw->pw_poller;
+	struct load_state *ls = &pw->pw_load;
+
+	if (!p->p_load_on)
+		return;
+	if (pw->pw_status != SHM_WORKER_READY) {
+		if (ls->ls_req != NULL || ls->ls_next_ms != 0)
+			load_stop(pw);
+		return;
+	}
+	if (ls->ls_req != NULL || now < ls->ls_next_ms)
+		return;
+	/* First poll as soon as the worker is Ready, then every interval. */
+	ls->ls_next_ms = now + p->p_load_interval_ms;
+	if (!ls->ls_absent)
+		load_fetch(pw, LOAD_LOADS);
+	else if (load_fallback_allowed(pw))
+		load_fetch(pw, LOAD_METRICS);
+	else
+		load_send(pw, NULL, 0, "");
+}
+
+void
+load_stop(struct pworker *pw)
+{
+	struct load_state *ls = &pw->pw_load;
+	bool absent = ls->ls_absent;
+
+	http_client_cancel(ls->ls_req);
+	ls->ls_req = NULL;
+	/* Not Ready or gone: its engine gauges say nothing any more. */
+	if (ls->ls_gauge_ranks > 0)
+		load_gauges(pw, NULL, 0);
+	memset(ls, 0, sizeof(*ls));
+	ls->ls_absent = absent; /* the memo lasts until the worker goes */
+}
+
+static bool
+load_fallback_allowed(const struct pworker *pw)
+{
+	const char *rt = pw->pw_runtime;
+
+	return rt[0] == '\0' || strcmp(rt, "sglang") == 0 ||
+	    strcmp(rt, "vllm") == 0;
+}
+
+static void
+load_fetch(struct pworker *pw, enum load_step step)
+{
+	struct poller *p = pw->pw_poller;
+	struct load_state *ls = &pw->pw_load;
+
+	ls->ls_step = step;
+	ls->ls_req = http_client_get(p->p_loop, p->p_tls, pw->pw_url,
+	    step == LOAD_LOADS ? LOAD_PATH : "/metrics", pw->pw_api_key,
+	    LOAD_TIMEOUT_SECS, POLLER_BODY_MAX, load_done_cb, pw);
+	if (ls->ls_req == NULL)
+		ls->ls_step = LOAD_IDLE; /* out of memory: next tick */
+}
+
+static void
+load_done_cb(void *arg, const struct http_client_result *res)
+{
+	static Smg__RankLoad ranks[LOAD_MAX_RANKS];
+	struct pworker *pw = arg;
+	struct load_state *ls = &pw->pw_load;
+	enum load_step step = ls->ls_step;
+	bool ok2xx;
+	size_t n = 0;
+	char why[64];
+
+	ls->ls_req = NULL;
+	ls->ls_step = LOAD_IDLE;
+	ok2xx = res->hr_error == HTTP_CLIENT_OK && res->hr_status >= 200 &&
+	    res->hr_status < 300;
+	if (res->hr_error != HTTP_CLIENT_OK)
+		snprintf(why, sizeof(why), "%s",
+		    http_client_strerror(res->hr_error));
+	else
+		snprintf(why, sizeof(why), "status %d", res->hr_status);
+
+	if (step == LOAD_METRICS) {
+		if (ok2xx && !res->hr_truncated &&
+		    load_parse_prom(res->hr_body, res->hr_body_len,
+		        pw->pw_runtime[0] != '\0' ? pw->pw_runtime : NULL,
+		        &ranks[0]) == 0) {
+			load_send(pw, ranks, 1, "metrics");
+			return;
+		}
+		log_debug("%s: %s/metrics: no load report (%s)", __func__,
+		    pw->pw_url, ok2xx ? "no engine load gauges" : why);
+		load_send(pw, NULL, 0, "");
+		return;
+	}
+
+	if (ok2xx && !res->hr_truncated) {
+		switch (load_parse_json(res->hr_body, res->hr_body_len, ranks,
+		    LOAD_MAX_RANKS, &n)) {
+		case LOAD_PARSE_REPORT:
+			load_send(pw, ranks, n, "loads");
+			return;
+		case LOAD_PARSE_EMPTY:
+			/* Nothing this tick; ask again next interval. */
+			log_debug("%s: %s: empty load response", __func__,
+			    pw->pw_url);
+			return;
+		case LOAD_PARSE_NOT_LOADS:
+			snprintf(why, sizeof(why), "not a load response");
+			ls->ls_absent = true;
+			break;
+		}
+	} else if (res->hr_error == HTTP_CLIENT_OK &&
+	    (res->hr_status == 404 || res->hr_status == 405 ||
+	        res->hr_status == 501))
+		ls->ls_absent = true;
+
+	if (ls->ls_absent)
+		log_info("%s: %s: /v1/loads absent (%s); using /metrics",
+		    __func__, pw->pw_url, why);
+	else
+		log_debug("%s: %s/v1/loads failed: %s", __func__, pw->pw_url,
+		    why);
+	if (load_fallback_allowed(pw))
+		load_fetch(pw, LOAD_METRICS);
+	else
+		load_send(pw, NULL, 0, "");
+}
+
+/* ------------------------------------------------------------ reports */
+
+static void
+load_send(struct pworker *pw, Smg__RankLoad *ranks, size_t n,
+    const char *source)
+{
+	Smg__PollerMsg m = SMG__POLLER_MSG__INIT;
+	Smg__LoadReport r = SMG__LOAD_REPORT__INIT;
+	Smg__RankLoad *ptrs[LOAD_MAX_RANKS];
+	struct timespec ts;
+	size_t i;
+
+	if (n > LOAD_MAX_RANKS)
+		n = LOAD_MAX_RANKS;
+	for (i = 0; i < n; i++)
+		ptrs[i] = &ranks[i];
+	clock_gettime(CLOCK_REALTIME, &ts);
+	r.worker_slot = pw->pw_slot;
+	r.worker_generation = pw->pw_generation;
+	r.worker_url = pw->pw_url;
+	r.ok = n > 0;
+	r.loads = n > 0 ? ptrs : NULL;
+	r.n_loads = n;
+	r.fetched_at_ms = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+	r.source = (char *)source;
+	m.body_case = SMG__POLLER_MSG__BODY_LOAD;
+	m.load = &r;
+	if (n > 0)
+		log_debug("%s: %s via %s: %zu rank(s), waiting %lld, running "
+		          "%lld",
+		    __func__, pw->pw_url, source, n,
+		    (long long)ranks[0].num_waiting_reqs,
+		    (long long)ranks[0].num_running_reqs);
+	(void)report_send(pw->pw_poller, &m);
+	if (pw->pw_poller->p_cf->cf_engine_metrics && n > 0)
+		load_gauges(pw, ranks, n);
+}
+
+/*
+ * smg_engine_* gauges of --engine-metrics, from the poller's own metrics
+ * row. With ranks NULL every gauge published before is zeroed.
+ */
+static void
+load_gauges(struct pworker *pw, const Smg__RankLoad *ranks, size_t n)
+{
+	struct load_state *ls = &pw->pw_load;
+	size_t i, upto = n > ls->ls_gauge_ranks ? n : ls->ls_gauge_ranks;
+
+	for (i = 0; i < upto; i++) {
+		const Smg__RankLoad *r =
+		    ranks != NULL && i < n ? &ranks[i] : NULL;
+		int32_t rank = r != NULL ? r->dp_rank : (int32_t)i;
+
+		load_gauge_set(pw, "smg_engine_running_requests", rank,
+		    r != NULL ? r->num_running_reqs : 0);
+		load_gauge_set(pw, "smg_engine_waiting_requests", rank,
+		    r != NULL ? r->num_waiting_reqs : 0);
+		load_gauge_set(pw, "smg_engine_gen_throughput", rank,
+		    r != NULL ? llround(r->gen_throughput) : 0);
+	}
+	ls->ls_gauge_ranks = ranks != NULL ? (unsigned)n : 0;
+}
+
+static void
+load_gauge_set(struct pworker *pw, const char *family, int32_t rank,
+    int64_t value)
+{
+	struct shm *shm = pw->pw_poller->p_shm;
+	char labels[SHM_SERIES_NAME_MAX], r[16];
+	int s;
+
+	snprintf(r, sizeof(r), "%d", (int)rank);
+	if (metrics_labels(labels, sizeof(labels), "worker", pw->pw_url,
+	        "model", pw->pw_model, "dp_rank", r, NULL) == -1)
+		return;
+	if ((s = metrics_series(shm, METRICS_GAUGE, family, labels)) >= 0)
+		metrics_set(shm, SHM_ROW_POLLER, s, value);
+}
