@@ -92,6 +92,14 @@ struct broker_settings {
 	double bs_prefix_hash_load_factor;
 	uint32_t bs_prefix_hash_abs_threshold;
 	bool bs_routing_key_override;
+	/*
+	 * least_load's flags (policies.md §2). bs_ll_default_throughput 0
+	 * means not filled (tests): least_load then uses built-in defaults.
+	 */
+	double bs_ll_kv_pressure_weight;
+	double bs_ll_default_throughput;
+	uint32_t bs_ll_mean_prefill_tokens;
+	uint32_t bs_ll_max_waiting_requests;
 };
 
 /* ---------------------------------------------------------- breaker.c */
@@ -337,6 +345,8 @@ extern const struct policy_ops policy_cache_aware_ops;
 extern const struct policy_ops policy_prefix_hash_ops;
 extern const struct policy_ops policy_consistent_hashing_ops;
 extern const struct policy_ops policy_manual_ops;
+extern const struct policy_ops policy_least_load_ops;
+extern const struct policy_ops policy_power_of_two_ops;
 
 /*
  * Canonical policy name for a user-given one (case-insensitive, aliases of
@@ -381,6 +391,198 @@ uint32_t policy_rand_below(uint32_t n);
 /* Rotation count of the set c[0..n-1] in a round_robin state (tests). */
 uint64_t policy_round_robin_counter(void *state, struct worker *const *c,
     unsigned n);
+
+/* ----------------------------------------------------------
+ * policy_least_load.c */
+
+/*
+ * least_load (policies.md §3) and the broker side of the expected-wait
+ * scorer, which power_of_two (§4, policy_power_of_two.c) shares: one
+ * scorer per instance, fed every load report of its workers (keyed by
+ * wk_url_hash), forgetting removed workers; in-flight counts from shm; a
+ * report older than 3 x --load-monitor-interval counts as missing. Each
+ * decision is logged at debug level with the winner's score.
+ */
+struct scorer;
+
+void *policy_least_load_create(struct policy *p);
+void policy_least_load_free(void *state);
+void policy_least_load_on_remove(struct policy *p, struct worker *w);
+void policy_least_load_on_report(struct policy *p, struct worker *w);
+/* The selection of least_load, or of power_of_two when `pair`. */
+int policy_least_load_pick(struct policy *p, struct worker *const *c,
+    unsigned n, const Smg__RouteRequest *req, bool pair);
+/* The instance's scorer (tests). */
+struct scorer *policy_least_load_scorer(struct policy *p);
+
+/* ---------------------------------------------------------- rings.c */
+
+struct rings;
+struct ring;
+
+/*
+ * The hash rings of policies.md §5.2 for one policy instance: per model
+ * over all its registered workers, and the wildcard ring (model-less or
+ * unknown model) over every worker. Member ids are worker slots.
+ * rings_invalidate marks every ring stale (worker added or removed); the
+ * ring of a model is rebuilt at its next rings_for (allocation failure is
+ * fatal there, as in ring_new).
+ */
+struct rings *rings_new(void);
+void rings_free(struct rings *rs);
+void rings_invalidate(struct rings *rs);
+struct ring *rings_for(struct rings *rs, struct broker *br, const char *model);
+/*
+ * Candidate test for ring lookups: rings_mark(c, n) makes rings_candidate
+ * return a worker's position in c; rings_unmark undoes it. Not reentrant.
+ */
+void rings_mark(struct worker *const *c, unsigned n);
+void rings_unmark(struct worker *const *c, unsigned n);
+int rings_candidate(void *arg, uint64_t id, const char *url);
+
+/* ---------------------------------------------------------- sticky.c */
+
+/* Per-key in-flight cap of the sticky overlay (policies.md §8.3). */
+#define STICKY_INFLIGHT_CAP 2
+/* Longest effective key: a leg prefix and 128 bytes. */
+#define STICKY_KEY_MAX	    160
+
+enum sticky_branch {
+	STICKY_NO_HEALTHY_WORKERS = 0,
+	STICKY_OCCUPIED_HIT,
+	STICKY_OCCUPIED_MISS,
+	STICKY_VACANT,
+	STICKY_NO_ROUTING_ID,
+	STICKY_CAP_RESPILL,
+	STICKY_NBRANCHES,
+};
+
+/*
+ * An assignment map: key -> up to 2 worker URLs (first preferred) and the
+ * last access (CLOCK_REALTIME ms). Used by manual (one per instance) and
+ * by the sticky overlay (one per broker). A map with a scope persists
+ * every change through persist.c under that scope.
+ */
+struct sticky_map;
+struct sticky_pin {
+	char *sp_urls[2];
+	unsigned sp_n;
+	uint64_t sp_last_ms;
+	uint64_t sp_saved_ms; /* last_access as last persisted */
+};
+
+struct sticky_map *sticky_map_new(void);
+void sticky_map_free(struct sticky_map *m);
+size_t sticky_map_size(const struct sticky_map *m);
+/* NULL when absent. */
+struct sticky_pin *sticky_map_get(struct sticky_map *m, const char *key);
+/* Creates an empty entry (sp_n 0) when absent. */
+struct sticky_pin *sticky_map_add(struct sticky_map *m, const char *key);
+void sticky_map_del(struct sticky_map *m, const char *key);
+/* "Pin at the front" (§8.3) / append dropping the oldest (§7.2). */
+void sticky_pin_front(struct sticky_pin *p, const char *url);
+void sticky_pin_append(struct sticky_pin *p, const char *url);
+/* Drops entries idle for >= max_idle_ms; calls cb for each (persistence). */
+typedef void (*sticky_evict_cb)(void *arg, const char *key);
+size_t sticky_map_evict(struct sticky_map *m, uint64_t now_ms,
+    uint64_t max_idle_ms, sticky_evict_cb cb, void *arg);
+/* Calls cb for every entry (tests, persistence). */
+typedef void (*sticky_each_cb)(void *arg, const char *key,
+    struct sticky_pin *p);
+void sticky_map_each(struct sticky_map *m, sticky_each_cb cb, void *arg);
+
+/*
+ * Strips one trailing "_r<digits>" then one "_t<digits>" (§8.2) of in into
+ * out; the raw value when nothing would remain. Returns out.
+ */
+const char *sticky_strip(const char *in, char *out, size_t len);
+/*
+ * The effective key of req (§1.4, §8.2), with the leg prefix of §8.3:
+ * override on: rid key, else the lineage-stripped routing key; override
+ * off: the raw routing key. NULL when none; *source "rid" or "header".
+ */
+const char *sticky_key(struct broker *br, const Smg__RouteRequest *req,
+    char *buf, size_t len, const char **source);
+/*
+ * Per-key in-flight on a worker (§1.4): +1 per decision, -1 per outcome
+ * that names the key. A count left unchanged for 2 s is clamped to the
+ * worker's total in-flight, so lost outcomes cannot pin a key forever.
+ */
+void sticky_inflight_add(struct broker *br, const char *key, struct worker *w,
+    int delta);
+uint32_t sticky_inflight_get(struct broker *br, const char *key,
+    struct worker *w);
+/* Distinct keys with >= 1 request in flight on w (manual min_group). */
+uint32_t sticky_keys_on(struct broker *br, struct worker *w);
+/* Forgets every count of a removed worker. */
+void sticky_forget_worker(struct broker *br, struct worker *w);
+
+/* Assignment modes of §7.3 (enum assignment_mode values). */
+int sticky_assign_pick(struct broker *br, int mode, struct worker *const *c,
+    unsigned n);
+/*
+ * Whether the overlay of §8 applies to policy p for req: override on, p
+ * neither manual nor consistent_hashing, and an effective key.
+ */
+bool sticky_applies(struct broker *br, const struct policy *p,
+    const Smg__RouteRequest *req);
+/* §8.3 around policy p. Index into c, or -1. */
+int sticky_select(struct broker *br, struct policy *p, struct worker *const *c,
+    unsigned n, const Smg__RouteRequest *req);
+/* smg_manual_policy_branch_total{branch}. */
+void sticky_count_branch(struct broker *br, enum sticky_branch b);
+/* smg_routing_key_source_total{source}; source "rid" or "header". */
+void sticky_count_source(struct broker *br, const char *source);
+/* The broker-wide sticky map (persistence, tests). */
+struct sticky_map *sticky_global_map(struct broker *br);
+/* CLOCK_REALTIME milliseconds: the clock of sp_last_ms. */
+uint64_t sticky_wall_ms(void);
+const char *sticky_branch_name(enum sticky_branch b);
+/* Broker-wide state: the sticky map and the per-key in-flight table. */
+void sticky_init(struct broker *br);
+void sticky_free(struct broker *br);
+/* Idle eviction of the sticky map (broker tick). */
+void sticky_sweep(struct broker *br, uint64_t now_ms);
+
+/* ---------------------------------------------------------- persist.c */
+
+/*
+ * Routing state in LMDB, written behind through store.c (STORE_BEHIND_MS):
+ * - assignments: (scope, key) -> URLs and last access, for manual
+ *   instances (scope "manual/<instance>") and the sticky map ("sticky");
+ * - the tree journal: every cache_aware tree insert as (instance, model,
+ *   tree kind, tenant URL, key), appended under a sequence number. A
+ *   re-insert of a recent key is not written again; the journal is kept
+ *   under twice the trees' budgets by dropping its oldest records.
+ *   Replaying it in order into capped trees rebuilds what they held.
+ * persist_restore runs once at startup, after the workers and policies
+ * exist; records of unknown workers or instances are skipped.
+ */
+void persist_init(struct broker *br);
+void persist_free(struct broker *br);
+int persist_restore(struct broker *br);
+/* Instance name of p ("default", "prefill", "model:<name>") into buf. */
+const char *persist_scope(struct broker *br, const struct policy *p, char *buf,
+    size_t len);
+void persist_assign_put(struct broker *br, const char *scope, const char *key,
+    const struct sticky_pin *pin);
+void persist_assign_del(struct broker *br, const char *scope, const char *key);
+/* kind: 0 string tree (key = UTF-8 bytes), 1 token tree (u32 ids). */
+void persist_tree_insert(struct broker *br, const struct policy *p,
+    const char *model, int kind, const char *url, const void *key,
+    size_t keylen);
+/* Adds a tree's budget (bytes) to the journal bound. */
+void persist_tree_budget(struct broker *br, uint64_t bytes);
+/* Journal records written and replayed (tests, logs). */
+uint64_t persist_journal_records(const struct broker *br);
+
+/*
+ * Restore hooks of the policies that persist (called by persist_restore):
+ * a manual instance's map, the cache_aware trees.
+ */
+struct sticky_map *policy_manual_map(struct policy *p);
+void policy_cache_aware_replay(struct policy *p, const char *model, int kind,
+    struct worker *w, const void *key, size_t keylen);
 
 /* ---------------------------------------------------------- store.c */
 
@@ -518,6 +720,10 @@ struct broker {
 	ev_signal br_sigint;
 	uint64_t br_decisions;
 	bool br_debug;
+	struct sticky_state *br_sticky; /* sticky.c */
+	struct persist *br_persist; /* persist.c */
+	ev_timer br_flush; /* write-behind wake-up, STORE_BEHIND_MS */
+	bool br_restoring; /* persist_restore running: no journal writes */
 };
 
 /*

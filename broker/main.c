@@ -74,6 +74,12 @@ broker_settings_fill(struct broker_settings *bs, const struct config *cf,
 	else if (cf->cf_worker_overload_protection)
 		bs->bs_overload_token_usage = 0.9;
 	bs->bs_api_key = cf->cf_api_key;
+	bs->bs_ll_kv_pressure_weight = cf->cf_least_load_kv_pressure_weight;
+	bs->bs_ll_default_throughput = cf->cf_least_load_default_throughput;
+	bs->bs_ll_mean_prefill_tokens =
+	    (uint32_t)cf->cf_least_load_mean_prefill_tokens;
+	bs->bs_ll_max_waiting_requests =
+	    (uint32_t)cf->cf_least_load_max_waiting_requests;
 
 	total = cf->cf_worker_urls_n + cf->cf_prefill_n + cf->cf_decode_n +
 	    cf->cf_encode_n;

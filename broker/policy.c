@@ -38,6 +38,8 @@ static const struct policy_ops *const policy_table[] = {
 	&policy_random_ops,
 	&policy_round_robin_ops,
 	&policy_passthrough_ops,
+	&policy_least_load_ops,
+	&policy_power_of_two_ops,
 };
 
 static uint64_t policy_rng[4];

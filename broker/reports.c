@@ -181,6 +181,13 @@ reports_load(struct broker *br, const Smg__LoadReport *r)
 	l->wl_token_usage /= (double)r->n_loads;
 	l->wl_fetched_at_ms = r->fetched_at_ms;
 	l->wl_received_ms = shm_now_ms();
+	log_debug("%s: %s via %s: waiting %lld, running %lld, uncached "
+	          "tokens %lld, token usage %.3f, throughput %.1f",
+	    __func__, w->wk_url,
+	    r->source != NULL && *r->source != '\0' ? r->source : "?",
+	    (long long)l->wl_waiting_reqs, (long long)l->wl_running_reqs,
+	    (long long)l->wl_waiting_uncached_tokens, l->wl_token_usage,
+	    l->wl_gen_throughput);
 	reports_eval_overload(br, w);
 	policy_notify_report(br, w);
 }

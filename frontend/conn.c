@@ -3,6 +3,8 @@
  * (limits, 413/431, smuggling defences), answers pipelined requests one at
  * a time and in order, handles Expect: 100-continue, the slow-client
  * timeouts (head, body stall, keep-alive idle) and TLS when configured.
+ * A body that the proxy streams unparsed (gateway.md §6.4) is handed to
+ * the request's handler piece by piece while the request is in progress.
  * A connection is freed only from the loop (a zero timer), never inside a
  * call made by its request handler.
  */
@@ -46,6 +48,8 @@ struct conn {
 	bool c_in_process;
 	bool c_want_drain;
 	bool c_keep_alive;
+	bool c_body_streaming; /* the busy request's body is still arriving */
+	bool c_body_paused; /* ... and the handler cannot take more now */
 	unsigned c_http_minor;
 	const struct conn_handler *c_h;
 	void *c_harg;
@@ -64,6 +68,9 @@ static void conn_read(struct conn *);
 static int conn_write(struct conn *);
 static void conn_update(struct conn *);
 static void conn_arm_timer(struct conn *, double);
+static void conn_begin(struct conn *, const struct http_request *);
+static void conn_stream_body(struct conn *, const struct http_request *);
+static void conn_body_piece(struct conn *, const struct http_request *, bool);
 
 void
 conn_accept(int fd, enum listener_kind kind)
@@ -356,7 +363,7 @@ conn_read_cb(struct ev_loop *loop, ev_io *w, int revents)
 		conn_kill(c);
 		return;
 	}
-	if (c->c_state == CONN_BODY)
+	if (c->c_state == CONN_BODY || c->c_body_streaming)
 		conn_arm_timer(c,
 		    (double)fe->fe_cf->cf_stream_body_stall_timeout_secs);
 	conn_process(c);
@@ -368,7 +375,9 @@ conn_update(struct conn *c)
 {
 	if (c->c_dead)
 		return;
-	if (c->c_inlen < sizeof(c->c_in) && !c->c_close_after) {
+	if (c->c_body_paused) {
+		ev_io_stop(fe->fe_loop, &c->c_rio);
+	} else if (c->c_inlen < sizeof(c->c_in) && !c->c_close_after) {
 		ev_io_start(fe->fe_loop, &c->c_rio);
 		if (c->c_tls != NULL && tls_conn_pending(c->c_tls) > 0)
 			ev_feed_event(fe->fe_loop, &c->c_rio, EV_READ);
@@ -392,8 +401,11 @@ conn_process(struct conn *c)
 	if (c->c_in_process || c->c_dead)
 		return;
 	c->c_in_process = true;
-	while (!c->c_dead && c->c_state != CONN_BUSY && !c->c_close_after) {
-		if (conn_pending(c) > FE_OUT_HIGH)
+	while (!c->c_dead && !c->c_close_after) {
+		if (c->c_state == CONN_BUSY &&
+		    (!c->c_body_streaming || c->c_body_paused))
+			break;
+		if (!c->c_body_streaming && conn_pending(c) > FE_OUT_HIGH)
 			break;
 		if (c->c_state == CONN_IDLE && c->c_inlen == 0)
 			break;
@@ -421,16 +433,21 @@ conn_process(struct conn *c)
 				    strlen(HTTP_100_CONTINUE));
 				conn_flush(c);
 			}
+			if (c->c_kind == LISTENER_MAIN &&
+			    proxy_stream_wanted(req) &&
+			    http_reader_stream_body(c->c_reader) == 0)
+				conn_stream_body(c, req);
+			continue;
+		}
+		if (st == HTTP_READ_BODY ||
+		    (st == HTTP_READ_DONE && c->c_body_streaming)) {
+			conn_body_piece(c, http_reader_request(c->c_reader),
+			    st == HTTP_READ_DONE);
 			continue;
 		}
 		if (st == HTTP_READ_DONE) {
 			req = http_reader_request(c->c_reader);
-			c->c_state = CONN_BUSY;
-			ev_timer_stop(fe->fe_loop, &c->c_timer);
-			fe->fe_nbusy++;
-			c->c_keep_alive = req->hr_keep_alive;
-			c->c_http_minor = req->hr_http_minor;
-			c->c_h = NULL;
+			conn_begin(c, req);
 			local_route(c, req, c->c_kind);
 			continue;
 		}
@@ -459,15 +476,103 @@ conn_process(struct conn *c)
 	conn_update(c);
 }
 
+/* The request is complete enough to be answered: it becomes busy. */
+static void
+conn_begin(struct conn *c, const struct http_request *req)
+{
+	c->c_state = CONN_BUSY;
+	ev_timer_stop(fe->fe_loop, &c->c_timer);
+	fe->fe_nbusy++;
+	c->c_keep_alive = req->hr_keep_alive;
+	c->c_http_minor = req->hr_http_minor;
+	c->c_h = NULL;
+}
+
+/*
+ * The head of a request whose body is streamed: it is routed now, and the
+ * body goes to its handler as it arrives, under the stall timeout.
+ */
+static void
+conn_stream_body(struct conn *c, const struct http_request *req)
+{
+	conn_begin(c, req);
+	c->c_body_streaming = true;
+	conn_arm_timer(c, (double)fe->fe_cf->cf_stream_body_stall_timeout_secs);
+	local_route(c, req, c->c_kind);
+}
+
+static void
+conn_body_piece(struct conn *c, const struct http_request *req, bool last)
+{
+	const struct conn_handler *h = c->c_h;
+
+	if (last) {
+		c->c_body_streaming = false;
+		c->c_body_paused = false;
+		ev_timer_stop(fe->fe_loop, &c->c_timer);
+	}
+	if (h != NULL && h->ch_body != NULL &&
+	    (req->hr_body_len > 0 || last))
+		h->ch_body(c->c_harg, req->hr_body, req->hr_body_len, last);
+}
+
+bool
+conn_body_streaming(const struct conn *c)
+{
+	return c->c_body_streaming;
+}
+
+void
+conn_body_pause(struct conn *c)
+{
+	if (!c->c_body_streaming || c->c_body_paused)
+		return;
+	c->c_body_paused = true;
+	/* The wait is on the worker now, not on the client. */
+	ev_timer_stop(fe->fe_loop, &c->c_timer);
+	if (!c->c_in_process)
+		conn_update(c);
+}
+
+void
+conn_body_resume(struct conn *c)
+{
+	if (!c->c_body_paused || c->c_dead)
+		return;
+	c->c_body_paused = false;
+	conn_arm_timer(c, (double)fe->fe_cf->cf_stream_body_stall_timeout_secs);
+	if (c->c_in_process)
+		return;
+	/* Bytes already buffered would not wake the fd. */
+	conn_process(c);
+}
+
 static void
 conn_timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
 	struct conn *c =
 	    (struct conn *)((char *)w - offsetof(struct conn, c_timer));
+	const struct conn_handler *h = c->c_h;
 
 	(void)loop;
 	(void)revents;
 	ev_timer_stop(fe->fe_loop, w);
+	if (c->c_body_streaming) {
+		/* Stalled mid-body: the rest never comes, and the request
+		 * ends (with 408 when nothing was answered yet). */
+		c->c_body_streaming = false;
+		c->c_body_paused = false;
+		c->c_keep_alive = false;
+		c->c_close_after = true;
+		ev_io_stop(fe->fe_loop, &c->c_rio);
+		if (c->c_state == CONN_BUSY && h != NULL &&
+		    h->ch_body_stalled != NULL) {
+			h->ch_body_stalled(c->c_harg);
+			return;
+		}
+		conn_kill(c);
+		return;
+	}
 	if (c->c_state == CONN_HEAD || c->c_state == CONN_BODY) {
 		/* Slow client: tell it, then close. */
 		c->c_close_after = true;
@@ -485,6 +590,13 @@ conn_timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
 void
 conn_request_done(struct conn *c)
 {
+	if (c->c_body_streaming) {
+		/* Answered before the whole body came: the rest is unread. */
+		c->c_body_streaming = false;
+		c->c_body_paused = false;
+		c->c_keep_alive = false;
+		ev_timer_stop(fe->fe_loop, &c->c_timer);
+	}
 	if (c->c_state == CONN_BUSY) {
 		c->c_state = CONN_IDLE;
 		fe->fe_nbusy--;

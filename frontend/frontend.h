@@ -89,10 +89,18 @@ void listener_close_all(void);
  * client went away before conn_request_done: the handler drops every use
  * of the connection and of the request. on_drained runs when the pending
  * output fell below FE_OUT_LOW after having exceeded FE_OUT_HIGH.
+ *
+ * For a request whose body is streamed (proxy_stream_wanted), ch_body
+ * gets each piece as it arrives (valid during the call; last set with the
+ * final one), and ch_body_stalled runs when the client stopped sending
+ * for --stream-body-stall-timeout-secs: the handler ends the request
+ * (conn_error, conn_request_abort); the connection closes afterwards.
  */
 struct conn_handler {
 	void (*ch_gone)(void *arg);
 	void (*ch_drained)(void *arg);
+	void (*ch_body)(void *arg, const char *data, size_t len, bool last);
+	void (*ch_body_stalled)(void *arg);
 };
 
 /* Takes the accepted non-blocking fd (closed on any failure). */
@@ -109,6 +117,12 @@ void conn_flush(struct conn *c);
 size_t conn_pending(const struct conn *c);
 /* Whether the response being written may keep the connection open. */
 bool conn_keep_alive(const struct conn *c);
+/* Whether the current request's body is still being streamed in. */
+bool conn_body_streaming(const struct conn *c);
+/* Stops / resumes reading a streamed body (back-pressure from the
+ * worker); the stall timeout does not run while paused. */
+void conn_body_pause(struct conn *c);
+void conn_body_resume(struct conn *c);
 /* Forces "Connection: close" semantics for the current response. */
 void conn_set_close(struct conn *c);
 /* The client's HTTP minor version (chunked responses need 1). */
@@ -286,6 +300,16 @@ void stats_observe(const char *family, const char *labels, double seconds);
 /* Starts the inference path for a complete request on route ep. */
 void proxy_start(struct conn *c, const struct http_request *hr,
     enum extract_endpoint ep, const char *request_id);
+/*
+ * Whether the body of the request whose head is hr is to be streamed to
+ * the worker unparsed (gateway.md §6.4): a route with a typed JSON body,
+ * a declared Content-Length over --max-buffered-request-bytes (0: never),
+ * no policy that needs the text (unless routing tokens or, with the sticky
+ * override, a routing key come in headers), no body rewrite (PD, EPD,
+ * DP-aware) and a single router (not IGW). proxy_start then routes it on
+ * its headers alone and never retries it.
+ */
+bool proxy_stream_wanted(const struct http_request *hr);
 /* Relays method+path of hr to one given worker (no retries). */
 void proxy_fixed(struct conn *c, const struct http_request *hr,
     const struct shm_worker *w, unsigned slot, const char *request_id);

@@ -4,6 +4,8 @@
  * on a pooled upstream connection, and its response relayed as it arrives
  * (SSE chunk by chunk, with back-pressure through upstream_pause). Failed
  * attempts are retried per gateway.md §7.1 until a byte went to the client.
+ * A large body may instead be streamed to the worker unparsed (§6.4): it
+ * is routed on its headers alone, relayed as it arrives, never retried.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,6 +44,12 @@ struct req {
 	bool rq_resent;
 	bool rq_routed; /* some decision succeeded */
 	int rq_status; /* worker status of this attempt */
+	bool rq_stream_body; /* body streamed unparsed (gateway.md §6.4) */
+	bool rq_client_paused; /* reading the streamed body is paused */
+	uint64_t rq_body_total; /* its declared length */
+	char *rq_early; /* body pieces that came before the dispatch */
+	size_t rq_early_len;
+	size_t rq_early_cap;
 	char rq_model[SHM_MODEL_MAX]; /* metric label */
 	ev_timer rq_backoff;
 	ev_tstamp rq_start;
@@ -62,17 +70,25 @@ static void proxy_free(struct req *);
 static void proxy_fail(struct req *, int, const char *, const char *, int);
 static void proxy_count(struct req *, int, bool);
 static int proxy_resolve_alias(struct req *);
+static void proxy_start_stream(struct req *);
+static void proxy_body(void *, const char *, size_t, bool);
+static void proxy_body_stalled(void *);
+static void proxy_on_writable(void *);
+static void proxy_body_flow(struct req *, ssize_t);
 static bool proxy_can_retry(struct req *);
 
 static const struct conn_handler proxy_handler = {
 	.ch_gone = proxy_gone,
 	.ch_drained = proxy_drained,
+	.ch_body = proxy_body,
+	.ch_body_stalled = proxy_body_stalled,
 };
 
 static const struct upstream_cbs proxy_cbs = {
 	.on_head = proxy_on_head,
 	.on_body = proxy_on_body,
 	.on_done = proxy_on_done,
+	.on_writable = proxy_on_writable,
 };
 
 static struct req *
@@ -118,6 +134,10 @@ proxy_start(struct conn *c, const struct http_request *hr,
 	}
 	rq->rq_ep = ep;
 	retry_policy_from_config(&rq->rq_rp, cf);
+	if (conn_body_streaming(c)) {
+		proxy_start_stream(rq);
+		return;
+	}
 	if (extract_inputs(ep, hr->hr_body, hr->hr_body_len, hr,
 	        (const char *const *)cf->cf_routing_key_headers,
 	        cf->cf_routing_key_headers_n, cf->cf_routing_key_override,
@@ -176,6 +196,7 @@ proxy_free(struct req *rq)
 	proxy_end_inflight(rq);
 	extract_inputs_free(&rq->rq_in);
 	free(rq->rq_body_alloc);
+	free(rq->rq_early);
 	free(rq);
 }
 
@@ -393,9 +414,30 @@ proxy_attempt(struct req *rq)
 	    post && rq->rq_body_len > 0, auth, sizeof(auth), hdrs,
 	    HDR_UPSTREAM_MAX);
 	rq->rq_status = 0;
-	rq->rq_up = upstream_request(fe->fe_up, rq->rq_d.dc_url,
-	    rq->rq_fixed ? rq->rq_hr->hr_method_str : "POST", rq->rq_path, hdrs,
-	    n, rq->rq_body, rq->rq_body_len, &proxy_cbs, rq);
+	if (rq->rq_stream_body) {
+		n = hdr_upstream(rq->rq_hr, rq->rq_id, rq->rq_d.dc_api_key, true,
+		    auth, sizeof(auth), hdrs, HDR_UPSTREAM_MAX);
+		rq->rq_up = upstream_request_stream(fe->fe_up, rq->rq_d.dc_url,
+		    "POST", rq->rq_path, hdrs, n, rq->rq_body_total, &proxy_cbs,
+		    rq);
+	} else
+		rq->rq_up = upstream_request(fe->fe_up, rq->rq_d.dc_url,
+		    rq->rq_fixed ? rq->rq_hr->hr_method_str : "POST",
+		    rq->rq_path, hdrs, n, rq->rq_body, rq->rq_body_len,
+		    &proxy_cbs, rq);
+	if (rq->rq_up != NULL && rq->rq_stream_body && rq->rq_early_len > 0) {
+		ssize_t left = upstream_body_write(rq->rq_up, rq->rq_early,
+		    rq->rq_early_len);
+
+		free(rq->rq_early);
+		rq->rq_early = NULL;
+		rq->rq_early_len = rq->rq_early_cap = 0;
+		if (left == -1) {
+			upstream_cancel(rq->rq_up);
+			rq->rq_up = NULL;
+		} else
+			proxy_body_flow(rq, left);
+	}
 	if (rq->rq_up == NULL) {
 		proxy_attempt_failed(rq, 500, "call_upstream_request_error",
 		    "Failed to send the request to the worker", true);
@@ -535,7 +577,8 @@ proxy_on_done(void *arg, enum upstream_error err)
 	}
 	switch (err) {
 	case UPSTREAM_SEND_FAILED:
-		if (!rq->rq_resent) {
+		/* A streamed body is gone: it cannot be sent again. */
+		if (!rq->rq_resent && !rq->rq_stream_body) {
 			/* Reset before any response: re-send once. */
 			rq->rq_resent = true;
 			proxy_end_inflight(rq);
@@ -560,4 +603,164 @@ proxy_on_done(void *arg, enum upstream_error err)
 		    "The worker sent an invalid response", true);
 		return;
 	}
+}
+
+/* ------------------------------------------------- streamed bodies */
+
+/* Whether the policy needs the request text (gateway.md §6.4). */
+static bool
+proxy_policy_needs_text(enum policy_kind k)
+{
+	return k == POLICY_CACHE_AWARE || k == POLICY_BUCKET;
+}
+
+bool
+proxy_stream_wanted(const struct http_request *hr)
+{
+	const struct config *cf = fe->fe_cf;
+	struct extract_inputs in;
+	enum extract_endpoint ep;
+	bool hinted;
+
+	if (cf->cf_max_buffered_request_bytes == 0 ||
+	    hr->hr_method != HTTP_POST || hr->hr_chunked ||
+	    hr->hr_content_length < 0 ||
+	    (uint64_t)hr->hr_content_length <=
+	        cf->cf_max_buffered_request_bytes)
+		return false;
+	if (extract_route(hr->hr_path, &ep) == -1)
+		return false;
+	switch (ep) {
+	case EXTRACT_EP_GENERATE:
+	case EXTRACT_EP_CHAT:
+	case EXTRACT_EP_COMPLETIONS:
+	case EXTRACT_EP_MESSAGES:
+	case EXTRACT_EP_EMBEDDINGS:
+	case EXTRACT_EP_CLASSIFY:
+		break;
+	default:
+		return false;
+	}
+	/* A worker would rewrite the body; several routers. */
+	if (cf->cf_pd_disaggregation || cf->cf_epd_disaggregation ||
+	    cf->cf_dp_aware || cf->cf_enable_igw)
+		return false;
+	if (!proxy_policy_needs_text(cf->cf_policy))
+		return true;
+	if (extract_inputs_headers(ep, hr,
+	        (const char *const *)cf->cf_routing_key_headers,
+	        cf->cf_routing_key_headers_n, &in) == -1)
+		return false;
+	hinted = (in.ei_has_tokens && in.ei_tokens_from_header) ||
+	    (cf->cf_routing_key_override && in.ei_routing_key != NULL);
+	extract_inputs_free(&in);
+	return hinted;
+}
+
+/* Routes a streamed-body request on its headers: model "unknown". */
+static void
+proxy_start_stream(struct req *rq)
+{
+	const struct config *cf = fe->fe_cf;
+	const struct http_request *hr = rq->rq_hr;
+
+	rq->rq_stream_body = true;
+	rq->rq_body_total = (uint64_t)hr->hr_content_length;
+	rq->rq_rp.rp_max_attempts = 1; /* never retried */
+	if (extract_inputs_headers(rq->rq_ep, hr,
+	        (const char *const *)cf->cf_routing_key_headers,
+	        cf->cf_routing_key_headers_n, &rq->rq_in) == -1) {
+		proxy_fail(rq, 503, "out_of_memory", "Out of memory", 0);
+		return;
+	}
+	stats_add("smg_router_streamed_request_bodies_total", "", 1);
+	rq->rq_di.di_in = &rq->rq_in;
+	rq->rq_di.di_cb = proxy_decided;
+	rq->rq_di.di_arg = rq;
+	rq->rq_di.di_attempt = 0;
+	decide_submit(&rq->rq_di);
+}
+
+/* Back-pressure: stop reading the client while the worker lags. */
+static void
+proxy_body_flow(struct req *rq, ssize_t buffered)
+{
+	if (rq->rq_conn == NULL)
+		return;
+	if (buffered > UPSTREAM_BODY_HIGH && !rq->rq_client_paused) {
+		rq->rq_client_paused = true;
+		conn_body_pause(rq->rq_conn);
+	} else if (buffered <= UPSTREAM_BODY_HIGH && rq->rq_client_paused) {
+		rq->rq_client_paused = false;
+		conn_body_resume(rq->rq_conn);
+	}
+}
+
+static void
+proxy_body(void *arg, const char *data, size_t len, bool last)
+{
+	struct req *rq = arg;
+	ssize_t left;
+	size_t cap;
+	char *nb;
+
+	(void)last;
+	if (len == 0)
+		return;
+	if (rq->rq_up != NULL) {
+		if ((left = upstream_body_write(rq->rq_up, data, len)) == -1) {
+			upstream_cancel(rq->rq_up);
+			rq->rq_up = NULL;
+			proxy_end_inflight(rq);
+			proxy_fail(rq, 503, "out_of_memory", "Out of memory",
+			    0);
+			return;
+		}
+		proxy_body_flow(rq, left);
+		return;
+	}
+	/* Not dispatched yet (or between attempts): keep it for later. */
+	if (rq->rq_early_len + len > rq->rq_early_cap) {
+		cap = rq->rq_early_cap < 16384 ? 16384 : rq->rq_early_cap;
+		while (cap < rq->rq_early_len + len)
+			cap *= 2;
+		if ((nb = realloc(rq->rq_early, cap)) == NULL) {
+			proxy_fail(rq, 503, "out_of_memory", "Out of memory",
+			    0);
+			return;
+		}
+		rq->rq_early = nb;
+		rq->rq_early_cap = cap;
+	}
+	memcpy(rq->rq_early + rq->rq_early_len, data, len);
+	rq->rq_early_len += len;
+	proxy_body_flow(rq, (ssize_t)rq->rq_early_len);
+}
+
+static void
+proxy_on_writable(void *arg)
+{
+	proxy_body_flow(arg, 0);
+}
+
+/* The client stopped sending the body: 408, no breaker sample. */
+static void
+proxy_body_stalled(void *arg)
+{
+	struct req *rq = arg;
+	struct conn *c = rq->rq_conn;
+
+	if (rq->rq_up != NULL) {
+		upstream_cancel(rq->rq_up);
+		rq->rq_up = NULL;
+	}
+	if (!rq->rq_head_sent) {
+		proxy_fail(rq, 408, "request_body_stalled",
+		    "The request body stopped arriving", 0);
+		return;
+	}
+	proxy_count(rq, rq->rq_status, false);
+	rq->rq_conn = NULL;
+	conn_request_abort(c);
+	proxy_free(rq);
 }

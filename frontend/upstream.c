@@ -120,6 +120,12 @@ struct upstream_req {
 	char *rq_out; /* request head and body, sent with one write */
 	size_t rq_out_len;
 	size_t rq_out_off;
+	size_t rq_out_cap; /* streamed upload: allocated size of rq_out */
+	size_t rq_tls_wlen; /* length of a TLS write to repeat */
+	bool rq_stream; /* streamed upload: body comes through body_write */
+	bool rq_notify; /* streamed upload: call on_writable when sent */
+	uint64_t rq_body_left; /* streamed upload: bytes still to come */
+	ev_timer rq_wnotify; /* runs on_writable from the loop */
 	ev_timer rq_timer; /* request deadline, or a deferred failure */
 	enum upstream_error rq_deferred;
 	http_parser rq_parser;
@@ -194,7 +200,13 @@ static void conn_io_cb(struct ev_loop *loop, ev_io *w, int revents);
 static void conn_timer_cb(struct ev_loop *loop, ev_timer *w, int revents);
 static char *req_build(const struct up_url *u, const char *method,
     const char *path, const struct upstream_header *headers, size_t nheaders,
-    const char *body, size_t body_len, size_t *lenp);
+    const char *body, size_t body_len, bool stream, uint64_t stream_len,
+    size_t *lenp);
+static struct upstream_req *up_start(struct upstream *up, const char *base_url,
+    const char *method, const char *path, const struct upstream_header *headers,
+    size_t nheaders, const char *body, size_t body_len, bool stream,
+    uint64_t stream_len, const struct upstream_cbs *cbs, void *arg);
+static void req_wnotify_cb(struct ev_loop *loop, ev_timer *w, int revents);
 static enum upstream_error req_attach(struct upstream_req *req, bool fresh);
 static void req_defer_failure(struct upstream_req *req,
     enum upstream_error err);
@@ -772,6 +784,26 @@ upstream_request(struct upstream *up, const char *base_url, const char *method,
     const char *body, size_t body_len, const struct upstream_cbs *cbs,
     void *arg)
 {
+	return up_start(up, base_url, method, path, headers, nheaders, body,
+	    body_len, false, 0, cbs, arg);
+}
+
+struct upstream_req *
+upstream_request_stream(struct upstream *up, const char *base_url,
+    const char *method, const char *path, const struct upstream_header *headers,
+    size_t nheaders, uint64_t body_len, const struct upstream_cbs *cbs,
+    void *arg)
+{
+	return up_start(up, base_url, method, path, headers, nheaders, NULL, 0,
+	    true, body_len, cbs, arg);
+}
+
+static struct upstream_req *
+up_start(struct upstream *up, const char *base_url, const char *method,
+    const char *path, const struct upstream_header *headers, size_t nheaders,
+    const char *body, size_t body_len, bool stream, uint64_t stream_len,
+    const struct upstream_cbs *cbs, void *arg)
+{
 	struct upstream_req *req;
 	struct up_url u;
 	struct up_pool *pl;
@@ -801,11 +833,14 @@ upstream_request(struct upstream *up, const char *base_url, const char *method,
 		return NULL;
 	}
 	req->rq_out = req_build(&u, method, path, headers, nheaders, body,
-	    body_len, &req->rq_out_len);
+	    body_len, stream, stream_len, &req->rq_out_len);
 	if (req->rq_out == NULL) {
 		free(req);
 		return NULL;
 	}
+	req->rq_out_cap = req->rq_out_len;
+	req->rq_stream = stream;
+	req->rq_body_left = stream_len;
 	req->rq_up = up;
 	req->rq_pool = pl;
 	pl->pl_nreqs++;
@@ -815,11 +850,14 @@ upstream_request(struct upstream *up, const char *base_url, const char *method,
 	req->rq_parser.data = req;
 	LIST_INSERT_HEAD(&up->up_reqs, req, rq_link);
 	ev_timer_init(&req->rq_timer, req_timer_cb, 0., 0.);
+	ev_timer_init(&req->rq_wnotify, req_wnotify_cb, 0., 0.);
 	if (up->up_request_timeout > 0) {
 		ev_timer_set(&req->rq_timer, up->up_request_timeout, 0.);
 		ev_timer_start(up->up_loop, &req->rq_timer);
 	}
-	if ((err = req_attach(req, false)) != UPSTREAM_OK)
+	/* A streamed body cannot be sent twice: always a new connection,
+	 * so a lost one is the caller's failure, never re-sent here. */
+	if ((err = req_attach(req, stream)) != UPSTREAM_OK)
 		req_defer_failure(req, err);
 	return req;
 }
@@ -828,7 +866,7 @@ upstream_request(struct upstream *up, const char *base_url, const char *method,
 static char *
 req_build(const struct up_url *u, const char *method, const char *path,
     const struct upstream_header *headers, size_t nheaders, const char *body,
-    size_t body_len, size_t *lenp)
+    size_t body_len, bool stream, uint64_t stream_len, size_t *lenp)
 {
 	static const char conn_hdr[] = "Connection: keep-alive\r\n\r\n";
 	char clen[48];
@@ -839,11 +877,12 @@ req_build(const struct up_url *u, const char *method, const char *path,
 
 	mlen = strlen(method);
 	plen = strlen(path);
-	with_clen = body_len > 0 ||
+	with_clen = stream || body_len > 0 ||
 	    (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0);
-	n = with_clen
-	    ? snprintf(clen, sizeof(clen), "Content-Length: %zu\r\n", body_len)
-	    : 0;
+	n = with_clen ? snprintf(clen, sizeof(clen), "Content-Length: %llu\r\n",
+			    stream ? (unsigned long long)stream_len
+				   : (unsigned long long)body_len)
+		      : 0;
 	clen[n] = '\0';
 	size = mlen + 1 + u->uu_prefix_len + plen + sizeof(" HTTP/1.1\r\n") +
 	    sizeof("Host: \r\n") + u->uu_authority_len + (size_t)n +
@@ -1057,12 +1096,17 @@ req_send(struct upstream_req *req)
 		p = req->rq_out + req->rq_out_off;
 		left = req->rq_out_len - req->rq_out_off;
 		if (c->cn_tls != NULL) {
+			/* mbedTLS wants a write it deferred repeated as is. */
+			if (req->rq_tls_wlen != 0)
+				left = req->rq_tls_wlen;
 			n = tls_conn_write(c->cn_tls, p, left);
 			if (n == TLS_WANT_READ || n == TLS_WANT_WRITE) {
+				req->rq_tls_wlen = left;
 				c->cn_want =
 				    n == TLS_WANT_READ ? EV_READ : EV_WRITE;
 				return UPS_AGAIN;
 			}
+			req->rq_tls_wlen = 0;
 			if (n < 0)
 				return req_pre_response_failure(req);
 		} else {
@@ -1080,6 +1124,16 @@ req_send(struct upstream_req *req)
 			}
 		}
 		req->rq_out_off += (size_t)n;
+	}
+	if (req->rq_stream && req->rq_body_left > 0) {
+		/* Everything given is sent: wait for the next piece. */
+		req->rq_out_off = req->rq_out_len = 0;
+		c->cn_want = 0;
+		if (req->rq_notify) {
+			req->rq_notify = false;
+			ev_timer_start(req->rq_up->up_loop, &req->rq_wnotify);
+		}
+		return UPS_AGAIN;
 	}
 	c->cn_state = UPC_RECEIVING;
 	c->cn_want = EV_READ;
@@ -1247,6 +1301,7 @@ static void
 req_reset_response(struct upstream_req *req)
 {
 	req->rq_out_off = 0;
+	req->rq_tls_wlen = 0;
 	req->rq_rlen = req->rq_roff = 0;
 	req->rq_hbuf_len = 0;
 	req->rq_nhdrs = 0;
@@ -1298,6 +1353,7 @@ static void
 req_free(struct upstream_req *req)
 {
 	ev_timer_stop(req->rq_up->up_loop, &req->rq_timer);
+	ev_timer_stop(req->rq_up->up_loop, &req->rq_wnotify);
 	LIST_REMOVE(req, rq_link);
 	req->rq_pool->pl_nreqs--;
 	free(req->rq_out);
@@ -1320,6 +1376,59 @@ req_timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
 	}
 	log_debug("%s: %s: request deadline", __func__, req->rq_pool->pl_key);
 	req_fail(req, UPSTREAM_TIMEOUT);
+}
+
+static void
+req_wnotify_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	struct upstream_req *req =
+	    container_of(w, struct upstream_req, rq_wnotify);
+
+	(void)loop;
+	(void)revents;
+	if (req->rq_cbs.on_writable != NULL)
+		req->rq_cbs.on_writable(req->rq_arg);
+}
+
+ssize_t
+upstream_body_write(struct upstream_req *req, const char *data, size_t len)
+{
+	struct up_conn *c = req->rq_conn;
+	size_t pending, cap;
+	char *nb;
+
+	if (!req->rq_stream || len > req->rq_body_left)
+		return -1;
+	pending = req->rq_out_len - req->rq_out_off;
+	if (req->rq_out_off > 0 && req->rq_tls_wlen == 0) {
+		memmove(req->rq_out, req->rq_out + req->rq_out_off, pending);
+		req->rq_out_off = 0;
+		req->rq_out_len = pending;
+	}
+	if (req->rq_out_len + len > req->rq_out_cap) {
+		cap = req->rq_out_cap < 4096 ? 4096 : req->rq_out_cap;
+		while (cap < req->rq_out_len + len)
+			cap *= 2;
+		if ((nb = realloc(req->rq_out, cap)) == NULL) {
+			log_warn("%s: realloc", __func__);
+			return -1;
+		}
+		req->rq_out = nb;
+		req->rq_out_cap = cap;
+	}
+	memcpy(req->rq_out + req->rq_out_len, data, len);
+	req->rq_out_len += len;
+	req->rq_body_left -= len;
+	pending = req->rq_out_len - req->rq_out_off;
+	if (pending > UPSTREAM_BODY_HIGH)
+		req->rq_notify = true;
+	if (c != NULL && c->cn_state == UPC_SENDING && c->cn_want == 0) {
+		/* It was waiting for this piece; send from the loop. */
+		c->cn_want = EV_WRITE;
+		conn_set_io(c);
+		ev_feed_event(req->rq_up->up_loop, &c->cn_io, EV_WRITE);
+	}
+	return (ssize_t)pending;
 }
 
 void

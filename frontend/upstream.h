@@ -21,6 +21,8 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
 
 #include <ev.h>
 
@@ -51,7 +53,15 @@ struct upstream_cbs {
 	void (*on_body)(void *arg, const char *data, size_t len);
 	/* End of the response (err UPSTREAM_OK) or failure. */
 	void (*on_done)(void *arg, enum upstream_error err);
+	/* Optional, streamed uploads only: every body byte given so far has
+	 * been sent, after upstream_body_write had returned more than
+	 * UPSTREAM_BODY_HIGH. Runs from the loop. */
+	void (*on_writable)(void *arg);
 };
+
+/* Streamed uploads: buffered body bytes above which the caller should
+ * stop reading its client until on_writable. */
+#define UPSTREAM_BODY_HIGH (256 * 1024)
 
 struct upstream_config {
 	double uc_idle_timeout_secs; /* pooled connection lifetime idle */
@@ -100,6 +110,25 @@ struct upstream_req *upstream_request(struct upstream *up, const char *base_url,
     const char *method, const char *path, const struct upstream_header *headers,
     size_t nheaders, const char *body, size_t body_len,
     const struct upstream_cbs *cbs, void *arg);
+/*
+ * upstream_request with a streamed body (gateway.md §6.4): the head says
+ * "Content-Length: body_len" and the body follows through
+ * upstream_body_write as the caller receives it. Always on a new
+ * connection; a connection lost before any response byte is
+ * UPSTREAM_SEND_FAILED and must not be sent again (the body is gone).
+ */
+struct upstream_req *upstream_request_stream(struct upstream *up,
+    const char *base_url, const char *method, const char *path,
+    const struct upstream_header *headers, size_t nheaders, uint64_t body_len,
+    const struct upstream_cbs *cbs, void *arg);
+/*
+ * Queues len more bytes of a streamed body (copied). Returns the bytes
+ * given but not yet sent, or -1 when req is no streamed request, len is
+ * more than the declared length still allows, or out of memory (the
+ * caller then cancels). Never runs a callback.
+ */
+ssize_t upstream_body_write(struct upstream_req *req, const char *data,
+    size_t len);
 void upstream_pause(struct upstream_req *req);
 void upstream_resume(struct upstream_req *req);
 void upstream_cancel(struct upstream_req *req);

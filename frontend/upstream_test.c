@@ -46,6 +46,7 @@ enum srv_mode {
 	SRV_BIG, /* T_BIG_LEN body at once */
 	SRV_GARBAGE, /* not HTTP */
 	SRV_TRUNCATED, /* Content-Length 100, 10 bytes, close */
+	SRV_SINK, /* reads and drops everything, never answers */
 };
 
 struct tconn {
@@ -93,6 +94,7 @@ struct tres {
 	struct upstream_req *tr_req;
 	int tr_cancel_after; /* cancel inside the n-th on_body (0: never) */
 	bool tr_pause_first; /* pause inside the first on_body */
+	int tr_writable; /* on_writable calls */
 };
 
 static struct ev_loop *loop;
@@ -270,6 +272,10 @@ tconn_read_cb(struct ev_loop *l, ev_io *w, int revents)
 		}
 		tc->tc_inlen += (size_t)n;
 		tc->tc_in[tc->tc_inlen] = '\0';
+		if (srv.ts_mode == SRV_SINK) {
+			tc->tc_inlen = 0;
+			continue;
+		}
 		if ((eoh = strstr(tc->tc_in, "\r\n\r\n")) == NULL)
 			continue;
 		need = (size_t)(eoh + 4 - tc->tc_in);
@@ -327,6 +333,7 @@ tconn_request(struct tconn *tc)
 		ev_timer_start(loop, &tc->tc_timer);
 		break;
 	case SRV_SILENT:
+	case SRV_SINK:
 		break;
 	case SRV_EOF_BODY:
 		tc->tc_close_after = true;
@@ -511,7 +518,9 @@ static struct upstream_req *
 start(struct upstream *up, const char *scheme, const char *method,
     const char *body)
 {
-	static const struct upstream_cbs cbs = { on_head, on_body, on_done };
+	static const struct upstream_cbs cbs = { .on_head = on_head,
+		.on_body = on_body,
+		.on_done = on_done };
 	static const struct upstream_header hdrs[] = {
 		{ "x-request-id", 12, "abc", 3 },
 		{ "content-length", 14, "999", 3 }, /* replaced */
@@ -885,7 +894,9 @@ test_response_shapes(void **state)
 static void
 test_bad_input(void **state)
 {
-	static const struct upstream_cbs cbs = { on_head, on_body, on_done };
+	static const struct upstream_cbs cbs = { .on_head = on_head,
+		.on_body = on_body,
+		.on_done = on_done };
 	struct upstream_header bad = { "x-a", 3, "v\r\nx-b: 1", 9 };
 	struct upstream *up;
 
@@ -915,6 +926,88 @@ test_bad_input(void **state)
 
 	/* A CA file that cannot be loaded fails at startup. */
 	assert_null(up_new(5, "missing.crt"));
+}
+
+static void
+on_writable(void *arg)
+{
+	assert_ptr_equal(arg, &res);
+	res.tr_writable++;
+}
+
+/* A streamed upload: head first, then the body as the caller gets it. */
+static void
+stream_upload(const char *scheme)
+{
+	static const struct upstream_cbs cbs = { .on_head = on_head,
+		.on_body = on_body,
+		.on_done = on_done,
+		.on_writable = on_writable };
+	static char big[UPSTREAM_BODY_HIGH + 1000];
+	struct upstream *up;
+	char url[128];
+	ssize_t n;
+	int i;
+
+	srv_start(SRV_CL, strcmp(scheme, "https") == 0);
+	assert_non_null(up = up_new(5, "ca.crt"));
+	snprintf(url, sizeof(url), "%s://%s:%d", scheme,
+	    strcmp(scheme, "https") == 0 ? "localhost" : "127.0.0.1",
+	    srv.ts_port);
+	for (i = 0; i < 2; i++) {
+		res_reset();
+		res.tr_req = upstream_request_stream(up, url, "POST",
+		    "/v1/test", NULL, 0, 12, &cbs, &res);
+		assert_non_null(res.tr_req);
+		assert_true(upstream_body_write(res.tr_req, "hello ", 6) >= 0);
+		/* The worker waits for the rest of the declared body. */
+		RUN_UNTIL(res.tr_done, 0.2);
+		assert_false(res.tr_done);
+		assert_int_equal(upstream_body_write(res.tr_req, "world!!", 7),
+		    -1);
+		assert_true(upstream_body_write(res.tr_req, "world!", 6) >= 0);
+		RUN_UNTIL(res.tr_done, 5);
+		assert_int_equal(res.tr_err, UPSTREAM_OK);
+		assert_int_equal(res.tr_status, 200);
+		assert_memory_equal(res.tr_body, "hello", 5);
+		assert_non_null(
+		    strstr(srv.ts_last_req, "Content-Length: 12\r\n"));
+		assert_non_null(strstr(srv.ts_last_req, "\r\n\r\nhello world!"));
+	}
+	/* Never on a pooled connection: the body cannot be sent twice. */
+	assert_int_equal(srv.ts_accepts, 2);
+	assert_int_equal(upstream_idle_connections(up), 2);
+
+	/* Past the high mark, on_writable says when all of it is out; the
+	 * server never answers and the request is cancelled. */
+	srv.ts_mode = SRV_SINK;
+	res_reset();
+	res.tr_req = upstream_request_stream(up, url, "POST", "/v1/test",
+	    NULL, 0, sizeof(big) + 1, &cbs, &res);
+	assert_non_null(res.tr_req);
+	memset(big, 'x', sizeof(big));
+	n = upstream_body_write(res.tr_req, big, sizeof(big));
+	assert_true(n > UPSTREAM_BODY_HIGH);
+	RUN_UNTIL(res.tr_writable > 0, 5);
+	assert_int_equal(res.tr_writable, 1);
+	assert_false(res.tr_done);
+	upstream_cancel(res.tr_req);
+	upstream_free(up);
+	srv_stop();
+}
+
+static void
+test_stream_upload(void **state)
+{
+	(void)state;
+	stream_upload("http");
+}
+
+static void
+test_stream_upload_https(void **state)
+{
+	(void)state;
+	stream_upload("https");
 }
 
 static void
@@ -991,6 +1084,10 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_response_shapes, setup,
 		    teardown),
 		cmocka_unit_test_setup_teardown(test_bad_input, setup,
+		    teardown),
+		cmocka_unit_test_setup_teardown(test_stream_upload, setup,
+		    teardown),
+		cmocka_unit_test_setup_teardown(test_stream_upload_https, setup,
 		    teardown),
 		cmocka_unit_test_setup_teardown(test_https, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_https_stream_cancel, setup,

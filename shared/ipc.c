@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,6 +66,7 @@ struct ipc_server {
 	unsigned srv_nctx;
 	int srv_dispatching;
 	int srv_free_pending;
+	_Atomic int srv_closing; /* read by nng threads */
 };
 
 /* One REQ context and its request. */
@@ -293,6 +295,7 @@ ipc_srv_destroy(struct ipc_server *srv)
 	unsigned i;
 
 	srv->srv_free_pending = 1;
+	atomic_store(&srv->srv_closing, 1);
 	for (i = 0; i < srv->srv_nctx; i++)
 		nng_aio_stop(srv->srv_ctxs[i].sx_aio);
 	if (srv->srv_sock_open)
@@ -338,10 +341,14 @@ ipc_srv_ctx_cb(void *arg)
 			/* A failed send leaves the message with us. */
 			nng_msg_free(nng_aio_get_msg(sx->sx_aio));
 			nng_aio_set_msg(sx->sx_aio, NULL);
-			if (rv == NNG_ECLOSED || rv == NNG_ECANCELED) {
-				sx->sx_op = IPC_OP_IDLE;
-				return;
-			}
+		}
+		/*
+		 * A reply to a client that went away fails; the context
+		 * still serves the next request unless we are closing.
+		 */
+		if (atomic_load(&srv->srv_closing) || rv == NNG_ECANCELED) {
+			sx->sx_op = IPC_OP_IDLE;
+			return;
 		}
 		ipc_srv_recv(sx);
 		return;
@@ -412,7 +419,7 @@ ipc_srv_finish(struct ipc_server *srv, struct ipc_srv_ctx *sx)
 	int rv;
 
 	sx->sx_msg = NULL;
-	if (sx->sx_status == NNG_ECLOSED || sx->sx_status == NNG_ECANCELED)
+	if (atomic_load(&srv->srv_closing) || sx->sx_status == NNG_ECANCELED)
 		return;
 	if (sx->sx_status != 0) {
 		log_warnx("%s: receive: %s", __func__,

@@ -469,6 +469,7 @@ def machine():
                            capture_output=True, text=True).stdout.strip()
     return {
         "nproc": len(os.sched_getaffinity(0)),
+        "load": os.getloadavg()[0],
         "cpu": model,
         "kernel": f"{platform.system()} {platform.release()}",
         "date": datetime.datetime.now(datetime.timezone.utc)
@@ -525,7 +526,9 @@ def report(args, m, pp, res, rtt, skipped, rates, seen, died):
     L = []
     L.append("# smg-c data-path benchmark\n")
     L.append(f"- date: {m['date']}; commit {m['commit']}")
-    L.append(f"- machine: {m['nproc']} CPUs ({m['cpu']}), {m['kernel']}")
+    L.append(f"- machine: {m['nproc']} CPUs ({m['cpu']}), {m['kernel']}; "
+             f"load average (1 min) {m['load']:.2f} at start, "
+             f"{os.getloadavg()[0]:.2f} at end")
     L.append(f"- build: `{args.build_dir}` ({args.build_type})")
     L.append(f"- tools: {m['wrk']}; {m['nginx']}; {m['haproxy']}")
     L.append(f"- command: `{' '.join(args.argv)}`")
