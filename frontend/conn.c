@@ -511,8 +511,7 @@ conn_body_piece(struct conn *c, const struct http_request *req, bool last)
 		c->c_body_paused = false;
 		ev_timer_stop(fe->fe_loop, &c->c_timer);
 	}
-	if (h != NULL && h->ch_body != NULL &&
-	    (req->hr_body_len > 0 || last))
+	if (h != NULL && h->ch_body != NULL && (req->hr_body_len > 0 || last))
 		h->ch_body(c->c_harg, req->hr_body, req->hr_body_len, last);
 }
 

@@ -415,8 +415,8 @@ proxy_attempt(struct req *rq)
 	    HDR_UPSTREAM_MAX);
 	rq->rq_status = 0;
 	if (rq->rq_stream_body) {
-		n = hdr_upstream(rq->rq_hr, rq->rq_id, rq->rq_d.dc_api_key, true,
-		    auth, sizeof(auth), hdrs, HDR_UPSTREAM_MAX);
+		n = hdr_upstream(rq->rq_hr, rq->rq_id, rq->rq_d.dc_api_key,
+		    true, auth, sizeof(auth), hdrs, HDR_UPSTREAM_MAX);
 		rq->rq_up = upstream_request_stream(fe->fe_up, rq->rq_d.dc_url,
 		    "POST", rq->rq_path, hdrs, n, rq->rq_body_total, &proxy_cbs,
 		    rq);

@@ -880,9 +880,9 @@ req_build(const struct up_url *u, const char *method, const char *path,
 	with_clen = stream || body_len > 0 ||
 	    (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0);
 	n = with_clen ? snprintf(clen, sizeof(clen), "Content-Length: %llu\r\n",
-			    stream ? (unsigned long long)stream_len
-				   : (unsigned long long)body_len)
-		      : 0;
+	                    stream ? (unsigned long long)stream_len
+	                           : (unsigned long long)body_len)
+	              : 0;
 	clen[n] = '\0';
 	size = mlen + 1 + u->uu_prefix_len + plen + sizeof(" HTTP/1.1\r\n") +
 	    sizeof("Host: \r\n") + u->uu_authority_len + (size_t)n +

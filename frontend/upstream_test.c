@@ -972,7 +972,8 @@ stream_upload(const char *scheme)
 		assert_memory_equal(res.tr_body, "hello", 5);
 		assert_non_null(
 		    strstr(srv.ts_last_req, "Content-Length: 12\r\n"));
-		assert_non_null(strstr(srv.ts_last_req, "\r\n\r\nhello world!"));
+		assert_non_null(
+		    strstr(srv.ts_last_req, "\r\n\r\nhello world!"));
 	}
 	/* Never on a pooled connection: the body cannot be sent twice. */
 	assert_int_equal(srv.ts_accepts, 2);
@@ -982,8 +983,8 @@ stream_upload(const char *scheme)
 	 * server never answers and the request is cancelled. */
 	srv.ts_mode = SRV_SINK;
 	res_reset();
-	res.tr_req = upstream_request_stream(up, url, "POST", "/v1/test",
-	    NULL, 0, sizeof(big) + 1, &cbs, &res);
+	res.tr_req = upstream_request_stream(up, url, "POST", "/v1/test", NULL,
+	    0, sizeof(big) + 1, &cbs, &res);
 	assert_non_null(res.tr_req);
 	memset(big, 'x', sizeof(big));
 	n = upstream_body_write(res.tr_req, big, sizeof(big));

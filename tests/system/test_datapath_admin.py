@@ -23,6 +23,7 @@ class EchoWorker:
 
     def __init__(self, model):
         self.model = model
+        self.heads = []  # paths of POSTs whose head arrived
         self.received = []
         worker = self
 
@@ -55,8 +56,15 @@ class EchoWorker:
                     self.reply(404, {"error": "not found"})
 
             def do_POST(self):
+                worker.heads.append(self.path)
                 n = int(self.headers.get("Content-Length", "0"))
-                body = self.rfile.read(n).decode()
+                raw = self.rfile.read(n)
+                if len(raw) < n:  # the gateway gave up mid-body
+                    worker.received.append({"path": self.path,
+                                            "truncated": len(raw)})
+                    self.close_connection = True
+                    return
+                body = raw.decode(errors="replace")
                 got = {"path": self.path, "body": body,
                        "headers": {k.lower(): v
                                    for k, v in self.headers.items()}}

@@ -1,0 +1,587 @@
+/*
+ * persist.c: the broker's routing state in LMDB, written behind through
+ * store.c — manual and sticky assignments, and the journal of cache_aware
+ * tree inserts — and its restore at startup.
+ *
+ * Why a journal and not tree dumps: a dump of a tree at --max-tree-size
+ * (64 Mi chars by default) is one huge write transaction that would stall
+ * the loop, and anything inserted between two dumps would be lost. The
+ * journal writes each insert once, in the batch of its STORE_BEHIND_MS
+ * window. Its size is bounded: a key inserted again while its record is in
+ * the newest quarter of the journal is not rewritten (hot prefixes cost
+ * nothing), an older one is moved to the end (so replay order follows
+ * recency), and the oldest records are deleted once the journal holds more
+ * than twice the trees' budgets. Replaying it in order into trees with the
+ * same caps keeps the most recent prefixes, as the live trees did.
+ *
+ * Journal record: key = sequence number (8 bytes, big-endian); value =
+ * u8 version, u8 tree kind, u16 scope, model and url lengths (little-
+ * endian), the three strings, then the key (UTF-8 bytes, or u32 token ids
+ * in host order). Assignment record: key = scope NUL key; value = JSON
+ * {"urls": [...], "last": <ms since the epoch>}.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <xxhash.h>
+
+#include "shared/log.h"
+#include "shared/xmalloc.h"
+
+#include "broker.h"
+
+#define PERSIST_VERSION	 1
+#define PERSIST_HDR	 8
+#define PERSIST_NAME_MAX 0xffff
+
+/* A live journal record, by content hash. */
+struct persist_rec {
+	uint64_t pr_hash;
+	uint64_t pr_seq;
+	uint64_t pr_bytes;
+	struct persist_rec *pr_next;
+};
+
+/* Journal order: every record written, oldest first (dead ones too). */
+struct persist_fifo {
+	uint64_t pf_seq;
+	uint64_t pf_hash;
+};
+
+struct persist {
+	struct persist_rec **pe_map;
+	size_t pe_nmap; /* buckets, power of two */
+	size_t pe_nrec;
+	struct persist_fifo *pe_fifo;
+	size_t pe_head;
+	size_t pe_len; /* entries from pe_head */
+	size_t pe_cap;
+	uint64_t pe_next_seq;
+	uint64_t pe_bytes; /* live journal bytes */
+	uint64_t pe_budget; /* bytes; 0 until a tree registers */
+	uint64_t pe_records; /* written or replayed */
+};
+
+struct persist_restore_ctx {
+	struct broker *rc_br;
+	uint64_t rc_replayed;
+	uint64_t rc_skipped;
+	uint64_t rc_assign;
+};
+
+static struct persist_rec **persist_find(struct persist *pe, uint64_t hash);
+static void persist_map_grow(struct persist *pe);
+static void persist_fifo_push(struct persist *pe, uint64_t seq, uint64_t h);
+static void persist_forget(struct broker *br, struct persist_rec **pp);
+static void persist_trim(struct broker *br);
+static void persist_remember(struct broker *br, uint64_t seq, uint64_t hash,
+    uint64_t bytes);
+static void persist_be64(uint64_t v, unsigned char out[8]);
+static uint64_t persist_get_be64(const unsigned char *p);
+static uint16_t persist_get_le16(const unsigned char *p);
+static struct policy *persist_policy(struct broker *br, const char *scope);
+static void persist_find_cb(void *arg, struct policy *p);
+static int persist_journal_cb(void *arg, const void *key, size_t klen,
+    const void *val, size_t vlen);
+static int persist_assign_cb(void *arg, const void *key, size_t klen,
+    const void *val, size_t vlen);
+
+void
+persist_init(struct broker *br)
+{
+	struct persist *pe = xcalloc(1, sizeof(*pe));
+
+	pe->pe_nmap = 1024;
+	pe->pe_map = xcalloc(pe->pe_nmap, sizeof(*pe->pe_map));
+	pe->pe_next_seq = 1;
+	br->br_persist = pe;
+}
+
+void
+persist_free(struct broker *br)
+{
+	struct persist *pe = br->br_persist;
+	struct persist_rec *r, *next;
+	size_t i;
+
+	if (pe == NULL)
+		return;
+	for (i = 0; i < pe->pe_nmap; i++) {
+		for (r = pe->pe_map[i]; r != NULL; r = next) {
+			next = r->pr_next;
+			free(r);
+		}
+	}
+	free(pe->pe_map);
+	free(pe->pe_fifo);
+	free(pe);
+	br->br_persist = NULL;
+}
+
+uint64_t
+persist_journal_records(const struct broker *br)
+{
+	return br->br_persist != NULL ? br->br_persist->pe_records : 0;
+}
+
+void
+persist_tree_budget(struct broker *br, uint64_t bytes)
+{
+	if (br != NULL && br->br_persist != NULL)
+		br->br_persist->pe_budget += bytes;
+}
+
+static void
+persist_be64(uint64_t v, unsigned char out[8])
+{
+	int i;
+
+	for (i = 7; i >= 0; i--) {
+		out[i] = (unsigned char)(v & 0xff);
+		v >>= 8;
+	}
+}
+
+static uint64_t
+persist_get_be64(const unsigned char *p)
+{
+	uint64_t v = 0;
+	int i;
+
+	for (i = 0; i < 8; i++)
+		v = (v << 8) | p[i];
+	return v;
+}
+
+static uint16_t
+persist_get_le16(const unsigned char *p)
+{
+	return (uint16_t)(p[0] | (p[1] << 8));
+}
+
+/* ------------------------------------------------------------ scopes */
+
+const char *
+persist_scope(struct broker *br, const struct policy *p, char *buf,
+    size_t len)
+{
+	static const char *const legs[4] = { "single", "prefill", "decode",
+		"encode" };
+	unsigned i;
+
+	if (p == br->br_default) {
+		snprintf(buf, len, "default");
+		return buf;
+	}
+	for (i = 1; i < 4; i++) {
+		if (p == br->br_legs[i]) {
+			snprintf(buf, len, "%s", legs[i]);
+			return buf;
+		}
+	}
+	for (i = 0; i < br->br_nmodels; i++) {
+		if (br->br_models[i]->me_policy == p) {
+			snprintf(buf, len, "model:%s",
+			    br->br_models[i]->me_name);
+			return buf;
+		}
+	}
+	snprintf(buf, len, "detached");
+	return buf;
+}
+
+struct persist_find_ctx {
+	struct broker *fc_br;
+	const char *fc_scope;
+	struct policy *fc_found;
+};
+
+static void
+persist_find_cb(void *arg, struct policy *p)
+{
+	struct persist_find_ctx *fc = arg;
+	char buf[SHM_MODEL_MAX + 16];
+
+	if (fc->fc_found == NULL &&
+	    strcmp(persist_scope(fc->fc_br, p, buf, sizeof(buf)),
+	        fc->fc_scope) == 0)
+		fc->fc_found = p;
+}
+
+static struct policy *
+persist_policy(struct broker *br, const char *scope)
+{
+	struct persist_find_ctx fc = { br, scope, NULL };
+
+	policy_each(br, persist_find_cb, &fc);
+	return fc.fc_found;
+}
+
+/* ------------------------------------------------------------ journal */
+
+static struct persist_rec **
+persist_find(struct persist *pe, uint64_t hash)
+{
+	struct persist_rec **pp;
+
+	for (pp = &pe->pe_map[hash & (pe->pe_nmap - 1)]; *pp != NULL;
+	     pp = &(*pp)->pr_next) {
+		if ((*pp)->pr_hash == hash)
+			return pp;
+	}
+	return pp;
+}
+
+static void
+persist_map_grow(struct persist *pe)
+{
+	struct persist_rec **nm, *r, *next;
+	size_t i, n = pe->pe_nmap * 2;
+
+	nm = xcalloc(n, sizeof(*nm));
+	for (i = 0; i < pe->pe_nmap; i++) {
+		for (r = pe->pe_map[i]; r != NULL; r = next) {
+			next = r->pr_next;
+			r->pr_next = nm[r->pr_hash & (n - 1)];
+			nm[r->pr_hash & (n - 1)] = r;
+		}
+	}
+	free(pe->pe_map);
+	pe->pe_map = nm;
+	pe->pe_nmap = n;
+}
+
+static void
+persist_fifo_push(struct persist *pe, uint64_t seq, uint64_t h)
+{
+	size_t i, k;
+
+	if (pe->pe_head + pe->pe_len == pe->pe_cap) {
+		if (pe->pe_len > 2 * pe->pe_nrec + 64) {
+			/* Mostly dead records: keep only the live ones. */
+			for (i = pe->pe_head, k = 0;
+			     i < pe->pe_head + pe->pe_len; i++) {
+				struct persist_rec **pp =
+				    persist_find(pe, pe->pe_fifo[i].pf_hash);
+
+				if (*pp != NULL &&
+				    (*pp)->pr_seq == pe->pe_fifo[i].pf_seq)
+					pe->pe_fifo[k++] = pe->pe_fifo[i];
+			}
+			pe->pe_head = 0;
+			pe->pe_len = k;
+		} else if (pe->pe_head > 0) {
+			memmove(pe->pe_fifo, pe->pe_fifo + pe->pe_head,
+			    pe->pe_len * sizeof(*pe->pe_fifo));
+			pe->pe_head = 0;
+		}
+		if (pe->pe_head + pe->pe_len == pe->pe_cap) {
+			pe->pe_cap = pe->pe_cap ? pe->pe_cap * 2 : 1024;
+			pe->pe_fifo = xreallocarray(pe->pe_fifo, pe->pe_cap,
+			    sizeof(*pe->pe_fifo));
+		}
+	}
+	pe->pe_fifo[pe->pe_head + pe->pe_len].pf_seq = seq;
+	pe->pe_fifo[pe->pe_head + pe->pe_len].pf_hash = h;
+	pe->pe_len++;
+}
+
+/* Deletes the record *pp (live) from the map and the database. */
+static void
+persist_forget(struct broker *br, struct persist_rec **pp)
+{
+	struct persist *pe = br->br_persist;
+	struct persist_rec *r = *pp;
+	unsigned char k[8];
+
+	persist_be64(r->pr_seq, k);
+	store_del_db(br->br_store, STORE_DB_JOURNAL, k, sizeof(k));
+	pe->pe_bytes -= r->pr_bytes < pe->pe_bytes ? r->pr_bytes : pe->pe_bytes;
+	*pp = r->pr_next;
+	free(r);
+	pe->pe_nrec--;
+}
+
+static void
+persist_trim(struct broker *br)
+{
+	struct persist *pe = br->br_persist;
+	struct persist_rec **pp;
+	struct persist_fifo f;
+
+	while (pe->pe_budget > 0 && pe->pe_bytes > 2 * pe->pe_budget &&
+	    pe->pe_len > 0) {
+		f = pe->pe_fifo[pe->pe_head++];
+		pe->pe_len--;
+		pp = persist_find(pe, f.pf_hash);
+		if (*pp != NULL && (*pp)->pr_seq == f.pf_seq)
+			persist_forget(br, pp);
+	}
+	if (pe->pe_len == 0)
+		pe->pe_head = 0;
+}
+
+static void
+persist_remember(struct broker *br, uint64_t seq, uint64_t hash,
+    uint64_t bytes)
+{
+	struct persist *pe = br->br_persist;
+	struct persist_rec **pp, *r;
+
+	pp = persist_find(pe, hash);
+	if (*pp != NULL)
+		persist_forget(br, pp);
+	if (pe->pe_nrec >= pe->pe_nmap)
+		persist_map_grow(pe);
+	r = xcalloc(1, sizeof(*r));
+	r->pr_hash = hash;
+	r->pr_seq = seq;
+	r->pr_bytes = bytes;
+	r->pr_next = pe->pe_map[hash & (pe->pe_nmap - 1)];
+	pe->pe_map[hash & (pe->pe_nmap - 1)] = r;
+	pe->pe_nrec++;
+	pe->pe_bytes += bytes;
+	persist_fifo_push(pe, seq, hash);
+	if (seq >= pe->pe_next_seq)
+		pe->pe_next_seq = seq + 1;
+}
+
+void
+persist_tree_insert(struct broker *br, const struct policy *p,
+    const char *model, int kind, const char *url, const void *key,
+    size_t keylen)
+{
+	struct persist *pe = br->br_persist;
+	char scope[SHM_MODEL_MAX + 16];
+	size_t ls, lm, lu, len;
+	unsigned char *v, k[8];
+	struct persist_rec **pp;
+	uint64_t h, seq, span;
+
+	if (pe == NULL || br->br_store == NULL || br->br_restoring)
+		return;
+	persist_scope(br, p, scope, sizeof(scope));
+	ls = strlen(scope);
+	lm = strlen(model);
+	lu = strlen(url);
+	if (ls > PERSIST_NAME_MAX || lm > PERSIST_NAME_MAX ||
+	    lu > PERSIST_NAME_MAX)
+		return;
+	len = PERSIST_HDR + ls + lm + lu + keylen;
+	v = malloc(len);
+	if (v == NULL) {
+		log_warnx("%s: out of memory, insert not journaled", __func__);
+		return;
+	}
+	v[0] = PERSIST_VERSION;
+	v[1] = (unsigned char)kind;
+	v[2] = (unsigned char)(ls & 0xff);
+	v[3] = (unsigned char)(ls >> 8);
+	v[4] = (unsigned char)(lm & 0xff);
+	v[5] = (unsigned char)(lm >> 8);
+	v[6] = (unsigned char)(lu & 0xff);
+	v[7] = (unsigned char)(lu >> 8);
+	memcpy(v + PERSIST_HDR, scope, ls);
+	memcpy(v + PERSIST_HDR + ls, model, lm);
+	memcpy(v + PERSIST_HDR + ls + lm, url, lu);
+	if (keylen > 0)
+		memcpy(v + PERSIST_HDR + ls + lm + lu, key, keylen);
+	h = XXH3_64bits(v, len);
+	pp = persist_find(pe, h);
+	if (*pp != NULL) {
+		/* Recent enough: replay order barely changes. */
+		span = pe->pe_next_seq - (pe->pe_len > 0
+		                                 ? pe->pe_fifo[pe->pe_head].pf_seq
+		                                 : pe->pe_next_seq);
+		if ((*pp)->pr_seq + span / 4 >= pe->pe_next_seq) {
+			free(v);
+			return;
+		}
+	}
+	seq = pe->pe_next_seq++;
+	persist_be64(seq, k);
+	store_put_db(br->br_store, STORE_DB_JOURNAL, k, sizeof(k), v, len);
+	free(v);
+	persist_remember(br, seq, h, len);
+	pe->pe_records++;
+	persist_trim(br);
+}
+
+static int
+persist_journal_cb(void *arg, const void *key, size_t klen, const void *val,
+    size_t vlen)
+{
+	struct persist_restore_ctx *rc = arg;
+	struct broker *br = rc->rc_br;
+	const unsigned char *v = val;
+	char scope[SHM_MODEL_MAX + 16], model[SHM_MODEL_MAX], url[SHM_URL_MAX];
+	size_t ls, lm, lu, off;
+	struct policy *p;
+	struct worker *w;
+	uint64_t seq;
+
+	if (klen != 8 || vlen < PERSIST_HDR || v[0] != PERSIST_VERSION) {
+		rc->rc_skipped++;
+		return 0;
+	}
+	seq = persist_get_be64(key);
+	ls = persist_get_le16(v + 2);
+	lm = persist_get_le16(v + 4);
+	lu = persist_get_le16(v + 6);
+	off = PERSIST_HDR + ls + lm + lu;
+	/* Unreadable or foreign: forgotten by deleting it. */
+	if (off > vlen || ls >= sizeof(scope) || lm >= sizeof(model) ||
+	    lu >= sizeof(url) || v[1] > 1 ||
+	    (v[1] == 1 && (vlen - off) % 4 != 0)) {
+		store_del_db(br->br_store, STORE_DB_JOURNAL, key, klen);
+		rc->rc_skipped++;
+		return 0;
+	}
+	memcpy(scope, v + PERSIST_HDR, ls);
+	scope[ls] = '\0';
+	memcpy(model, v + PERSIST_HDR + ls, lm);
+	model[lm] = '\0';
+	memcpy(url, v + PERSIST_HDR + ls + lm, lu);
+	url[lu] = '\0';
+	persist_remember(br, seq, XXH3_64bits(v, vlen), vlen);
+	p = persist_policy(br, scope);
+	w = registry_find(br, url);
+	if (p == NULL || w == NULL ||
+	    strcmp(policy_name(p), "cache_aware") != 0) {
+		rc->rc_skipped++;
+		return 0;
+	}
+	policy_cache_aware_replay(p, model, v[1], w, v + off,
+	    v[1] == 1 ? (vlen - off) / 4 : vlen - off);
+	rc->rc_replayed++;
+	return 0;
+}
+
+/* ------------------------------------------------------------ assignments */
+
+void
+persist_assign_put(struct broker *br, const char *scope, const char *key,
+    const struct sticky_pin *pin)
+{
+	char k[STORE_KEY_MAX + 1], *js;
+	size_t ls = strlen(scope), lk = strlen(key);
+	cJSON *o, *a;
+	unsigned i;
+
+	if (br->br_store == NULL || br->br_restoring ||
+	    ls + 1 + lk > STORE_KEY_MAX)
+		return;
+	memcpy(k, scope, ls);
+	k[ls] = '\0';
+	memcpy(k + ls + 1, key, lk);
+	if ((o = cJSON_CreateObject()) == NULL)
+		return;
+	a = cJSON_AddArrayToObject(o, "urls");
+	for (i = 0; a != NULL && i < pin->sp_n; i++)
+		cJSON_AddItemToArray(a, cJSON_CreateString(pin->sp_urls[i]));
+	cJSON_AddNumberToObject(o, "last", (double)pin->sp_last_ms);
+	if ((js = cJSON_PrintUnformatted(o)) != NULL) {
+		store_put_db(br->br_store, STORE_DB_ASSIGN, k, ls + 1 + lk, js,
+		    strlen(js));
+		free(js);
+	}
+	cJSON_Delete(o);
+}
+
+void
+persist_assign_del(struct broker *br, const char *scope, const char *key)
+{
+	char k[STORE_KEY_MAX + 1];
+	size_t ls = strlen(scope), lk = strlen(key);
+
+	if (br->br_store == NULL || ls + 1 + lk > STORE_KEY_MAX)
+		return;
+	memcpy(k, scope, ls);
+	k[ls] = '\0';
+	memcpy(k + ls + 1, key, lk);
+	store_del_db(br->br_store, STORE_DB_ASSIGN, k, ls + 1 + lk);
+}
+
+static int
+persist_assign_cb(void *arg, const void *key, size_t klen, const void *val,
+    size_t vlen)
+{
+	struct persist_restore_ctx *rc = arg;
+	struct broker *br = rc->rc_br;
+	const char *k = key, *nul;
+	char scope[SHM_MODEL_MAX + 32], name[STICKY_KEY_MAX + 1];
+	struct sticky_map *m = NULL;
+	struct sticky_pin *pin;
+	struct policy *p;
+	const cJSON *urls, *u, *last;
+	cJSON *j;
+	size_t ls;
+
+	if ((nul = memchr(k, '\0', klen)) == NULL)
+		return 0;
+	ls = (size_t)(nul - k);
+	if (ls >= sizeof(scope) || klen - ls - 1 >= sizeof(name) ||
+	    klen - ls - 1 == 0)
+		return 0;
+	memcpy(scope, k, ls);
+	scope[ls] = '\0';
+	memcpy(name, nul + 1, klen - ls - 1);
+	name[klen - ls - 1] = '\0';
+	if (strcmp(scope, "sticky") == 0)
+		m = sticky_global_map(br);
+	else if (strncmp(scope, "manual/", 7) == 0 &&
+	    (p = persist_policy(br, scope + 7)) != NULL &&
+	    strcmp(policy_name(p), "manual") == 0)
+		m = policy_manual_map(p);
+	if (m == NULL)
+		return 0;
+	if ((j = cJSON_ParseWithLength(val, vlen)) == NULL)
+		return 0;
+	urls = cJSON_GetObjectItemCaseSensitive(j, "urls");
+	last = cJSON_GetObjectItemCaseSensitive(j, "last");
+	if (cJSON_IsArray(urls) && cJSON_GetArraySize(urls) > 0) {
+		pin = sticky_map_add(m, name);
+		cJSON_ArrayForEach(u, urls)
+		{
+			if (cJSON_IsString(u) && u->valuestring != NULL)
+				sticky_pin_append(pin, u->valuestring);
+		}
+		pin->sp_last_ms =
+		    cJSON_IsNumber(last) ? (uint64_t)last->valuedouble : 0;
+		pin->sp_saved_ms = pin->sp_last_ms;
+		rc->rc_assign++;
+	}
+	cJSON_Delete(j);
+	return 0;
+}
+
+int
+persist_restore(struct broker *br)
+{
+	struct persist_restore_ctx rc = { br, 0, 0, 0 };
+	uint64_t t0 = shm_now_ms();
+	int rv = 0;
+
+	if (br->br_store == NULL || br->br_persist == NULL)
+		return 0;
+	br->br_restoring = true;
+	if (store_each_db(br->br_store, STORE_DB_ASSIGN, persist_assign_cb,
+	        &rc) == -1)
+		rv = -1;
+	if (store_each_db(br->br_store, STORE_DB_JOURNAL, persist_journal_cb,
+	        &rc) == -1)
+		rv = -1;
+	br->br_restoring = false;
+	br->br_persist->pe_records += rc.rc_replayed;
+	/* The budget is known now: drop what no longer fits. */
+	persist_trim(br);
+	log_info("%s: %llu assignments, %llu tree inserts replayed "
+	         "(%llu skipped, %llu journal bytes) in %llu ms",
+	    __func__, (unsigned long long)rc.rc_assign,
+	    (unsigned long long)rc.rc_replayed,
+	    (unsigned long long)rc.rc_skipped,
+	    (unsigned long long)br->br_persist->pe_bytes,
+	    (unsigned long long)(shm_now_ms() - t0));
+	return rv;
+}
