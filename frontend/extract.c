@@ -618,7 +618,7 @@ generate_tokens(const cJSON *root, struct extract_inputs *out, struct tbuf *tb)
 {
 	const cJSON *ids, *first, *seq, *e;
 	size_t n, i = 0;
-	uint32_t v;
+	uint32_t v = 0;
 	char num[16];
 
 	ids = cJSON_GetObjectItemCaseSensitive(root, "input_ids");

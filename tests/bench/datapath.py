@@ -852,7 +852,7 @@ def start_targets(procs, args, tmp, workers, bodies, skipped, seen):
 
 def main():
     args = parse_args()
-    for sig in (signal.SIGTERM, signal.SIGHUP):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, on_signal)
     for tool in ("wrk", "nginx", "haproxy"):
         if shutil.which(tool) is None:
@@ -989,6 +989,8 @@ def main():
         log(f"interrupted ({e or 'Ctrl-C'}); stopping every process")
         return 130
     finally:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
         procs.stop_all()
         if args.keep_tmp:
             log(f"kept {tmp}")

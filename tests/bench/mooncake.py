@@ -32,6 +32,7 @@ import json
 import math
 import os
 import platform
+import shlex
 import resource
 import shutil
 import signal
@@ -395,7 +396,8 @@ def start_smg(procs, args, policy, fleet):
             "--prometheus-port", str(mport),
             "--run-dir", os.path.join(tmp, f"run-{policy}"),
             "--state-dir", os.path.join(tmp, f"state-{policy}"),
-            "--frontends", str(args.cores), "--worker-urls"] + fleet.urls()
+            "--frontends", str(args.cores)] + shlex.split(args.smg_args) + \
+        ["--worker-urls"] + fleet.urls()
     p = procs.start(name, argv)
     logf = os.path.join(tmp, name + ".log")
     deadline = time.monotonic() + args.ready_timeout
@@ -493,31 +495,70 @@ async def read_head(reader):
     return status, hdrs
 
 
-async def read_body(reader, hdrs, feed):
-    """Calls feed(bytes) for each piece of the body as it arrives."""
-    if "chunked" in hdrs.get("transfer-encoding", "").lower():
-        while True:
-            line = await reader.readline()
-            if not line:
-                raise ValueError("connection closed in a chunked body")
-            size = int(line.split(b";")[0].strip(), 16)
+class Chunked:
+    """Incremental decoder of a chunked body: feed() raw bytes, get the
+    payload pieces; done once the last chunk and trailers are in."""
+
+    def __init__(self):
+        self.buf = bytearray()
+        self.done = False
+
+    def feed(self, data):
+        self.buf += data
+        out = []
+        while not self.done:
+            eol = self.buf.find(b"\r\n")
+            if eol < 0:
+                break
+            size = int(bytes(self.buf[:eol]).split(b";")[0].strip(), 16)
             if size == 0:
-                while (await reader.readline()) not in (b"\r\n", b"\n", b""):
-                    pass
-                return
-            data = await reader.readexactly(size + 2)
-            feed(data[:-2])
-    elif "content-length" in hdrs:
-        feed(await reader.readexactly(int(hdrs["content-length"])))
-    else:
-        while True:
-            data = await reader.read(65536)
-            if not data:
-                return
-            feed(data)
+                if self.buf.find(b"\r\n\r\n", eol) < 0:
+                    break  # trailers not complete yet
+                self.done = True
+                break
+            if len(self.buf) < eol + 2 + size + 2:
+                break
+            out.append(bytes(self.buf[eol + 2:eol + 2 + size]))
+            del self.buf[:eol + 2 + size + 2]
+        return out
 
 
-async def one_request(port, body, res, t0):
+async def read_body(reader, writer, hdrs, feed, batch):
+    """Calls feed(bytes) with the body as it arrives. Once feed() has
+    returned True (the first token is in), the socket is read every batch
+    seconds only, so a streamed answer costs a few reads, not one per
+    event; later events are then timed to within batch."""
+    transport = writer.transport
+    chunked = "chunked" in hdrs.get("transfer-encoding", "").lower()
+    left = int(hdrs["content-length"]) if not chunked and \
+        "content-length" in hdrs else None
+    dec = Chunked() if chunked else None
+    slow = False
+    while True:
+        if slow and batch > 0:
+            transport.pause_reading()
+            await asyncio.sleep(batch)
+            transport.resume_reading()
+        data = await reader.read(1 << 20)
+        if not data:
+            if chunked or left:
+                raise ValueError("connection closed in the body")
+            return
+        if dec is not None:
+            for piece in dec.feed(data):
+                slow = feed(piece) or slow
+            if dec.done:
+                return
+        else:
+            if left is not None:
+                data = data[:left]
+                left -= len(data)
+            slow = feed(data) or slow
+            if left == 0:
+                return
+
+
+async def one_request(port, body, res, batch):
     """Sends one streamed completion; fills res (times from its scheduled
     send time, so a late client does not hide queueing)."""
     loop = asyncio.get_running_loop()
@@ -530,13 +571,14 @@ async def one_request(port, body, res, t0):
         if res.status != 200:
             if len(state["err"]) < 200:
                 state["err"] += data[:200]
-            return
+            return False
         if res.ttft is None and b"data: {" in state["tail"] + data:
             res.ttft = now - res.sched
         if not state["done"] and b"data: [DONE]" in state["tail"] + data:
             state["done"] = True
             res.e2e = now - res.sched
         state["tail"] = data[-16:]
+        return res.ttft is not None
 
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -550,7 +592,7 @@ async def one_request(port, body, res, t0):
         writer.write(body)
         await writer.drain()
         res.status, hdrs = await read_head(reader)
-        await read_body(reader, hdrs, feed)
+        await read_body(reader, writer, hdrs, feed, batch)
         if res.status != 200:
             res.error = f"HTTP {res.status}: " \
                 f"{state['err'][:80].decode(errors='replace')}"
@@ -609,7 +651,8 @@ async def replay(args, port, reqs, bodies, worker_ports):
             await asyncio.sleep(delay)
         body = bodies.body(r)
         tasks.append(asyncio.create_task(asyncio.wait_for(
-            one_request(port, body, res, t0), args.request_timeout)))
+            one_request(port, body, res, args.read_batch),
+            args.request_timeout)))
     # Bounded drain: whatever is still running after the timeout is an
     # error (its wait_for has cancelled it by then).
     done, pending = await asyncio.wait(tasks,
@@ -675,9 +718,24 @@ def figures(args, reqs, results, wall, stats, samples):
     }
 
 
+def host_cpu():
+    """(busy, total) CPU seconds of the whole host since boot."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    hz = os.sysconf("SC_CLK_TCK")
+    idle = v[3] + (v[4] if len(v) > 4 else 0)
+    return (sum(v) - idle) / hz, sum(v) / hz
+
+
+def rusage_secs(who):
+    r = resource.getrusage(who)
+    return r.ru_utime + r.ru_stime
+
+
 def run_target(args, procs, target, reqs, bodies):
     """Starts a fresh fleet and the target, replays; figures or raises
     NotAvailable."""
+    children0 = rusage_secs(resource.RUSAGE_CHILDREN)
     fleet = Fleet(procs, args, target)
     proc = None
     try:
@@ -687,24 +745,29 @@ def run_target(args, procs, target, reqs, bodies):
             proc, port = start_proxy(procs, args, target, fleet)
         fleet.reset()
         log(f"{TITLES[target]}: replaying {len(reqs)} requests")
+        host0, self0 = host_cpu(), rusage_secs(resource.RUSAGE_SELF)
         results, wall, samples = asyncio.run(
             replay(args, port, reqs, bodies, fleet.ports))
+        host1, self1 = host_cpu(), rusage_secs(resource.RUSAGE_SELF)
         stats = fleet.stats()
         f = figures(args, reqs, results, wall, stats, samples)
-        dead = fleet.dead() + ([proc.bench_name] if proc.poll() is not None
-                               else [])
-        f["dead"] = dead
+        f["dead"] = fleet.dead() + \
+            ([proc.bench_name] if proc.poll() is not None else [])
         if target in SMG_POLICIES:
             f["refusal"] = refusal(os.path.join(procs.tmp,
                                                 proc.bench_name + ".log"))
-        log(f"{TITLES[target]}: hit {f['hit']:.3f}, ttft p50 "
-            f"{fmt_ms(f['ttft_p50'])} ms, busiest {f['busiest']:.2f}, "
-            f"errors {f['n'] - f['ok']}")
-        return f
     finally:
         if proc is not None:
             procs.stop(proc)
         fleet.stop()
+    # Children are reaped by now: their CPU includes start-up and probes.
+    f["cpu_client"] = self1 - self0
+    f["cpu_children"] = rusage_secs(resource.RUSAGE_CHILDREN) - children0
+    f["host_busy"] = (host1[0] - host0[0]) / max(host1[1] - host0[1], 1e-9)
+    log(f"{TITLES[target]}: hit {f['hit']:.3f}, ttft p50 "
+        f"{fmt_ms(f['ttft_p50'])} ms, busiest {f['busiest']:.2f}, "
+        f"errors {f['n'] - f['ok']}, host busy {100 * f['host_busy']:.0f}%")
+    return f
 
 
 # ---------------------------------------------------------------- report
@@ -780,11 +843,11 @@ def report(args, m, info, res):
              f"{info['n'] / info['replay']:.1f} req/s offered; "
              f"{info['prompt_tokens'] / 1e6:.1f} M prompt tokens, "
              f"{info['distinct']} distinct blocks")
-    L.append(f"- prompts: each 512-token block id expands to 2,048 hex "
-             f"characters of BLAKE2b(id, counter); blocks concatenated, cut "
-             f"to input_length x 4 characters; streamed POST "
-             f"/v1/completions, max_tokens = output_length, one connection "
-             f"per request, sent at its scheduled time")
+    L.append("- prompts: each 512-token block id expands to 2,048 hex "
+             "characters of BLAKE2b(id, counter); blocks concatenated, cut "
+             "to input_length x 4 characters; streamed POST "
+             "/v1/completions, max_tokens = output_length, one connection "
+             "per request, sent at its scheduled time")
     L.append(f"- fleet: {WORKERS} smg-simworker, fresh for every target: "
              f"--kv-capacity {args.kv_capacity} tokens each (distinct "
              f"blocks x 512 / {WORKERS}, page multiple), --prefill-tps "
@@ -792,7 +855,8 @@ def report(args, m, info, res):
              f"--decode-base-ms {args.decode_base_ms:g}, "
              f"--decode-per-req-ms {args.decode_per_req_ms:g}, "
              f"--max-running {args.max_running}, --page-size {PAGE_SIZE}")
-    L.append(f"- smg-c: `smg --policy P --frontends {args.cores} "
+    extra = f" {args.smg_args}" if args.smg_args else ""
+    L.append(f"- smg-c: `smg --policy P --frontends {args.cores}{extra} "
              f"--worker-urls w1..w4`, every other flag at its default; "
              f"nginx (worker_processes {args.cores}) and HAProxy (nbthread "
              f"{args.cores}) round robin, keep-alive upstreams")
@@ -827,12 +891,24 @@ def report(args, m, info, res):
                  f"{100 * r['util_mean']:.0f}%/{100 * r['util_max']:.0f}% | "
                  f"{wait} | {err} |")
     L.append("")
+    L.append("| target | wall s | client CPU s | workers + target CPU s | "
+             "host CPU busy |")
+    L.append("|---|---:|---:|---:|---:|")
+    for t in args.target_list:
+        r = res.get(t)
+        if r is None or "unavailable" in r:
+            continue
+        L.append(f"| {TITLES[t]} | {r['wall']:.0f} | {r['cpu_client']:.0f} "
+                 f"| {r['cpu_children']:.0f} | "
+                 f"{100 * r['host_busy']:.0f}% |")
+    L.append("")
     L.append("- hit rate: sum of cached_tokens / sum of prompt_tokens over "
              "the four workers' GET /sim/stats; of oracle: hit rate / "
              "oracle bound")
-    L.append("- TTFT: from a request's scheduled send time to its first SSE "
-             "data event, at the client; E2E: to `data: [DONE]`; "
-             "successful requests only")
+    L.append(f"- TTFT: from a request's scheduled send time to its first "
+             f"SSE data event, at the client; E2E: to `data: [DONE]` (read "
+             f"every {1000 * args.read_batch:.0f} ms after the first token, "
+             f"so to within that); successful requests only")
     L.append("- req/s, prompt tok/s: successful requests (their prompt "
              "tokens) / wall time from the first scheduled send to the "
              "last [DONE]")
@@ -842,6 +918,11 @@ def report(args, m, info, res):
              "prefill rate x wall time), mean and busiest worker; waiting: "
              "requests queued per worker (GET /v1/loads every 0.5 s), mean "
              "of the fleet average and the highest single sample")
+    L.append(f"- CPU: this client's and the started processes' CPU "
+             f"seconds per target; host CPU busy: share of all "
+             f"{m['nproc']} CPUs busy during the replay, anything else "
+             f"running on the host included (TTFT is only comparable "
+             f"between rows when that stays well below 100%)")
     L.append("- errors: non-2xx statuses, transport errors, streams "
              "without [DONE], requests still open after --request-timeout")
     lags = [r["lag_p99"] for r in res.values() if "lag_p99" in r]
@@ -905,15 +986,23 @@ def parse_args(argv):
                     help="simworker prefill tokens/s (model time)")
     ap.add_argument("--time-scale", type=float, default=1.0,
                     help="simworker --time-scale")
-    ap.add_argument("--decode-base-ms", type=float, default=6.0)
-    ap.add_argument("--decode-per-req-ms", type=float, default=0.35)
+    ap.add_argument("--decode-base-ms", type=float, default=5.0,
+                    help="simworker decode step time (model time)")
+    ap.add_argument("--decode-per-req-ms", type=float, default=0.02,
+                    help="simworker decode step time per running request")
     ap.add_argument("--max-running", type=int, default=256)
     ap.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)),
                     help="smg-c frontends, nginx workers, HAProxy threads")
+    ap.add_argument("--smg-args", default="",
+                    help="extra smg flags for every smg-c target, e.g. "
+                         "--smg-args=\"--balance-abs-threshold 8\"")
     ap.add_argument("--targets", default=",".join(TARGETS),
                     help=f"comma-separated subset of {','.join(TARGETS)}")
     ap.add_argument("--request-timeout", type=float, default=60.0,
                     help="a request still open this long is an error")
+    ap.add_argument("--read-batch", type=float, default=0.05,
+                    help="after a response's first token, read its socket "
+                         "every this many seconds (0: on every event)")
     ap.add_argument("--ready-timeout", type=float, default=20.0)
     ap.add_argument("--keep-tmp", action="store_true",
                     help="keep the temp dir (configs, every process's log)")
