@@ -504,12 +504,17 @@ const char *sticky_strip(const char *in, char *out, size_t len);
 const char *sticky_key(struct broker *br, const Smg__RouteRequest *req,
     char *buf, size_t len, const char **source);
 /*
- * Per-key in-flight on a worker (§1.4): +1 per decision, -1 per outcome
- * that names the key. A count left unchanged for 2 s is clamped to the
+ * Per-key in-flight on a worker (§1.4). sticky_dispatched counts every
+ * decision (key NULL when unkeyed), sticky_finished every outcome. An
+ * outcome that names its key (Outcome.sticky_key, without leg prefix: the
+ * caller adds it) ends that key's request. Until a frontend has sent one
+ * such outcome, outcomes are matched to the worker's decisions in
+ * dispatch order, which is exact for sequential traffic and keeps totals
+ * right otherwise. A count left unchanged for 2 s is clamped to the
  * worker's total in-flight, so lost outcomes cannot pin a key forever.
  */
-void sticky_inflight_add(struct broker *br, const char *key, struct worker *w,
-    int delta);
+void sticky_dispatched(struct broker *br, const char *key, struct worker *w);
+void sticky_finished(struct broker *br, const char *key, struct worker *w);
 uint32_t sticky_inflight_get(struct broker *br, const char *key,
     struct worker *w);
 /* Distinct keys with >= 1 request in flight on w (manual min_group). */

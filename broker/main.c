@@ -80,6 +80,31 @@ broker_settings_fill(struct broker_settings *bs, const struct config *cf,
 	    (uint32_t)cf->cf_least_load_mean_prefill_tokens;
 	bs->bs_ll_max_waiting_requests =
 	    (uint32_t)cf->cf_least_load_max_waiting_requests;
+	bs->bs_policy_flags = true;
+	bs->bs_cache_threshold = cf->cf_cache_threshold;
+	bs->bs_balance_abs_threshold = (uint32_t)cf->cf_balance_abs_threshold;
+	bs->bs_balance_rel_threshold = cf->cf_balance_rel_threshold;
+	bs->bs_balance_token_usage_threshold =
+	    cf->cf_balance_token_usage_threshold;
+	bs->bs_overload_token_usage_threshold =
+	    cf->cf_overload_token_usage_threshold;
+	bs->bs_overlap_decay = cf->cf_overlap_decay;
+	bs->bs_selection_temperature = cf->cf_selection_temperature;
+	bs->bs_eviction_interval = (uint32_t)cf->cf_eviction_interval;
+	bs->bs_max_tree_size = cf->cf_max_tree_size;
+	bs->bs_block_size = (uint32_t)cf->cf_block_size;
+	bs->bs_cache_boundaries = cf->cf_cache_boundaries;
+	bs->bs_cache_boundaries_n = cf->cf_cache_boundaries_n;
+	bs->bs_cache_index_hash = cf->cf_cache_index == CACHE_INDEX_HASH;
+	bs->bs_cache_ttl_secs = (uint32_t)cf->cf_cache_ttl_secs;
+	bs->bs_max_idle_secs = (uint32_t)cf->cf_max_idle_secs;
+	bs->bs_assignment_mode = (int)cf->cf_assignment_mode;
+	bs->bs_assignment_mode_set = cf->cf_assignment_mode_set;
+	bs->bs_prefix_token_count = (uint32_t)cf->cf_prefix_token_count;
+	bs->bs_prefix_hash_load_factor = cf->cf_prefix_hash_load_factor;
+	bs->bs_prefix_hash_abs_threshold =
+	    (uint32_t)cf->cf_prefix_hash_balance_abs_threshold;
+	bs->bs_routing_key_override = cf->cf_routing_key_override;
 
 	total = cf->cf_worker_urls_n + cf->cf_prefill_n + cf->cf_decode_n +
 	    cf->cf_encode_n;
@@ -124,8 +149,7 @@ main(int argc, char *argv[])
 	signal(SIGPIPE, SIG_IGN);
 	broker_settings_fill(&bs, &cf, &ws);
 	if (!policy_implemented(policy_canonical(bs.bs_policy)))
-		fatalx("policy %s is not implemented by smg-broker yet "
-		       "(available: random, round_robin, passthrough)",
+		fatalx("policy %s is not implemented by smg-broker yet",
 		    bs.bs_policy);
 	if ((loop = ev_default_loop(EVFLAG_AUTO)) == NULL)
 		fatalx("cannot initialise the event loop");

@@ -40,6 +40,10 @@ static const struct policy_ops *const policy_table[] = {
 	&policy_passthrough_ops,
 	&policy_least_load_ops,
 	&policy_power_of_two_ops,
+	&policy_cache_aware_ops,
+	&policy_prefix_hash_ops,
+	&policy_consistent_hashing_ops,
+	&policy_manual_ops,
 };
 
 static uint64_t policy_rng[4];

@@ -58,7 +58,8 @@ test_names(void **state)
 	assert_null(policy_canonical(""));
 	assert_true(policy_implemented("random"));
 	assert_true(policy_implemented("passthrough"));
-	assert_false(policy_implemented("cache_aware"));
+	assert_true(policy_implemented("cache_aware"));
+	assert_true(policy_implemented("manual"));
 	assert_null(policy_new("nonsense", false));
 }
 

@@ -17,6 +17,7 @@
 #include "shared/xmalloc.h"
 
 #include "broker.h"
+#include "kvindex.h"
 
 static struct worker *registry_find_url(struct broker *br, const char *url);
 static int registry_pick_slot(struct broker *br, const char *url,
@@ -442,6 +443,7 @@ registry_remove(struct broker *br, struct worker *w)
 	    w->wk_slot);
 	ev_timer_stop(br->br_loop, &w->wk_drain);
 	policy_notify_remove(br, w);
+	kvindex_worker_removed(br, w);
 	registry_unindex(br, w);
 	for (i = 0; i < br->br_nworkers; i++) {
 		if (br->br_order[i] == w) {
@@ -500,6 +502,9 @@ registry_set_model(struct broker *br, struct worker *w, const char *model)
 	free(w->wk_model);
 	w->wk_model = xstrdup(model);
 	registry_index(br, w);
+	/* Rings and trees of the new model learn the worker; its state
+	 * under the old model is left to be skipped (never a candidate). */
+	policy_notify_add(br, w);
 	registry_publish(br, w);
 	registry_persist(br, w);
 	registry_update_pool_metrics(br);
@@ -550,6 +555,7 @@ registry_set_overloaded(struct broker *br, struct worker *w, bool on)
 void
 registry_publish(struct broker *br, struct worker *w)
 {
+	const cJSON *kv;
 	struct shm_worker sw;
 
 	memset(&sw, 0, sizeof(sw));
@@ -568,6 +574,13 @@ registry_publish(struct broker *br, struct worker *w)
 	if (w->wk_api_key != NULL)
 		snprintf(sw.sw_api_key, sizeof(sw.sw_api_key), "%s",
 		    w->wk_api_key);
+	/* The poller subscribes there (workers.md §6.4, cache_aware). */
+	kv = cJSON_GetObjectItemCaseSensitive(w->wk_labels,
+	    "kv_events_endpoint");
+	if (cJSON_IsString(kv) &&
+	    strlen(kv->valuestring) < sizeof(sw.sw_kv_endpoint))
+		memcpy(sw.sw_kv_endpoint, kv->valuestring,
+		    strlen(kv->valuestring) + 1);
 	shm_worker_write(br->br_shm, w->wk_slot, &sw);
 }
 
@@ -707,4 +720,5 @@ registry_free_all(struct broker *br)
 	free(br->br_pool_series);
 	br->br_pool_series = NULL;
 	br->br_npool_series = br->br_cpool_series = 0;
+	kvindex_broker_free(br);
 }

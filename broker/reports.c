@@ -3,7 +3,8 @@
  * registration (Pending -> Ready, model and runtime learnt) or fails it;
  * health probes move workers between Ready, NotReady and Failed with the
  * thresholds of gateway.md §10; load reports are kept per worker and set
- * the overload flag of §8.
+ * the overload flag of §8; KV-event batches go to the block index
+ * (kvindex.c).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +14,7 @@
 #include "shared/xmalloc.h"
 
 #include "broker.h"
+#include "kvindex.h"
 
 static struct worker *reports_worker(struct broker *br, uint32_t slot,
     uint32_t gen, const char *url, const char *what);
@@ -206,6 +208,9 @@ reports_handle(struct broker *br, const Smg__PollerMsg *m)
 		break;
 	case SMG__POLLER_MSG__BODY_DISCOVERY:
 		reports_discovery(br, m->discovery);
+		break;
+	case SMG__POLLER_MSG__BODY_KV_EVENTS:
+		kvindex_handle(br, m->kv_events);
 		break;
 	default:
 		log_warnx("%s: unknown poller message %d", __func__,

@@ -27,6 +27,8 @@ static unsigned route_exclude(struct worker **c, unsigned n,
     const Smg__RouteRequest *req);
 static void route_count(struct broker *br, struct worker *w, struct policy *p);
 static struct model_entry *route_model(struct broker *br, const char *model);
+static void route_keyed(struct broker *br, const Smg__RouteRequest *req,
+    struct worker *w);
 
 static int
 route_type_of_leg(int leg)
@@ -114,6 +116,22 @@ route_count(struct broker *br, struct worker *w, struct policy *p)
 	server_metric_add(br, me->me_sel_series[t][md], 1);
 }
 
+/* Per-key in-flight (+1 now, -1 by the outcome) and the key source. */
+static void
+route_keyed(struct broker *br, const Smg__RouteRequest *req, struct worker *w)
+{
+	char key[STICKY_KEY_MAX];
+	const char *src;
+
+	if (sticky_key(br, req, key, sizeof(key), &src) == NULL) {
+		sticky_dispatched(br, NULL, w);
+		return;
+	}
+	sticky_dispatched(br, key, w);
+	if (br->br_set->bs_policy_flags && br->br_set->bs_routing_key_override)
+		sticky_count_source(br, src);
+}
+
 void
 route_one(struct broker *br, const Smg__RouteRequest *req, Smg__Decision *d,
     char *msg, size_t msglen)
@@ -164,7 +182,12 @@ route_one(struct broker *br, const Smg__RouteRequest *req, Smg__Decision *d,
 	}
 	n = route_exclude(c, n, req);
 	p = policy_for(br, route_model(br, model), req->leg);
-	if ((idx = policy_select(p, c, n, req)) < 0 || (unsigned)idx >= n) {
+	/* The sticky overlay of policies.md §8 wraps the policy. */
+	if (sticky_applies(br, p, req))
+		idx = sticky_select(br, p, c, n, req);
+	else
+		idx = policy_select(p, c, n, req);
+	if (idx < 0 || (unsigned)idx >= n) {
 		route_error(d, 503,
 		    pd ? "server_selection_failed" : "no_available_workers",
 		    pd ? "No available servers: the policy selected none"
@@ -183,6 +206,7 @@ route_one(struct broker *br, const Smg__RouteRequest *req, Smg__Decision *d,
 	    : (char *)model;
 	d->policy = (char *)policy_name(p);
 	route_count(br, w, p);
+	route_keyed(br, req, w);
 	br->br_decisions++;
 	if (br->br_debug)
 		log_debug("%s: policy %s model %s leg %d -> %s (slot %u, "
@@ -201,6 +225,24 @@ route_outcome(struct broker *br, const Smg__Outcome *o)
 		return; /* removed or replaced since */
 	breaker_record(br, w,
 	    breaker_classify(o->http_status, o->transport_error));
+	if (o->sticky_key == NULL || o->sticky_key[0] == '\0')
+		sticky_finished(br, NULL, w);
+	else {
+		/* The frontend names the key without the leg prefix. */
+		const char *prefix =
+		    w->wk_type == SMG__WORKER_TYPE__WORKER_TYPE_PREFILL ? "prefill:"
+		    : w->wk_type == SMG__WORKER_TYPE__WORKER_TYPE_DECODE
+		    ? "decode:"
+		    : w->wk_type == SMG__WORKER_TYPE__WORKER_TYPE_ENCODE
+		    ? "encode:"
+		    : "";
+		char key[STICKY_KEY_MAX];
+		int k = snprintf(key, sizeof(key), "%s%s", prefix,
+		    o->sticky_key);
+
+		if (k > 0 && (size_t)k < sizeof(key))
+			sticky_finished(br, key, w);
+	}
 }
 
 int

@@ -35,6 +35,7 @@ static void server_pull_cb(void *arg, const uint8_t *msg, size_t len,
     uint8_t **reply, size_t *reply_len);
 static void server_tick_cb(struct ev_loop *loop, ev_timer *t, int revents);
 static void server_prepare_cb(struct ev_loop *loop, ev_prepare *p, int revents);
+static void server_flush_cb(struct ev_loop *loop, ev_timer *t, int revents);
 static void server_signal_cb(struct ev_loop *loop, ev_signal *s, int revents);
 static int server_startup_workers(struct broker *br);
 static void server_collect_cb(void *arg, const char *key, const char *value);
@@ -276,6 +277,9 @@ server_new(struct ev_loop *loop, const struct broker_settings *bs, bool serve)
 	}
 	if ((br->br_store = store_open(bs->bs_state_dir)) == NULL)
 		goto fail;
+	policy_attach(br);
+	sticky_init(br);
+	persist_init(br);
 	if (server_policies(br) == -1)
 		goto fail;
 	br->br_m_shed_selection = server_series(br, METRICS_COUNTER,
@@ -308,6 +312,8 @@ server_new(struct ev_loop *loop, const struct broker_settings *bs, bool serve)
 	}
 	free(rs.rs_v);
 	registry_adopt_end(br);
+	/* Routing state last: it names workers by URL. */
+	(void)persist_restore(br);
 	(void)store_flush(br->br_store);
 	if (!serve)
 		return br;
@@ -325,6 +331,10 @@ server_new(struct ev_loop *loop, const struct broker_settings *bs, bool serve)
 	ev_timer_init(&br->br_tick, server_tick_cb, 0., BROKER_TICK_SECS);
 	br->br_tick.data = br;
 	ev_timer_start(loop, &br->br_tick);
+	ev_timer_init(&br->br_flush, server_flush_cb, STORE_BEHIND_MS / 1000.,
+	    STORE_BEHIND_MS / 1000.);
+	br->br_flush.data = br;
+	ev_timer_start(loop, &br->br_flush);
 	ev_prepare_init(&br->br_prepare, server_prepare_cb);
 	br->br_prepare.data = br;
 	ev_prepare_start(loop, &br->br_prepare);
@@ -347,6 +357,7 @@ server_free(struct broker *br)
 	if (br == NULL)
 		return;
 	ev_timer_stop(br->br_loop, &br->br_tick);
+	ev_timer_stop(br->br_loop, &br->br_flush);
 	ev_prepare_stop(br->br_loop, &br->br_prepare);
 	ev_signal_stop(br->br_loop, &br->br_sigterm);
 	ev_signal_stop(br->br_loop, &br->br_sigint);
@@ -358,6 +369,9 @@ server_free(struct broker *br)
 	policy_free(br->br_default);
 	for (i = 0; i < 4; i++)
 		policy_free(br->br_legs[i]);
+	sticky_free(br);
+	persist_free(br);
+	policy_attach(NULL);
 	if (br->br_shm != NULL) {
 		shm_row_release(br->br_shm, SHM_ROW_BROKER);
 		shm_close(br->br_shm);
@@ -467,12 +481,29 @@ server_tick_cb(struct ev_loop *loop, ev_timer *t, int revents)
 		server_metric_set(br, w->wk_m_active,
 		    shm_inflight_total(br->br_shm, w->wk_slot));
 	}
+	policy_sweep_all(br, shm_now_ms());
+	sticky_sweep(br, shm_now_ms());
 }
 
 static void
 server_prepare_cb(struct ev_loop *loop, ev_prepare *p, int revents)
 {
 	struct broker *br = p->data;
+
+	(void)loop;
+	(void)revents;
+	if (store_flush_due(br->br_store, shm_now_ms()))
+		(void)store_flush(br->br_store);
+}
+
+/*
+ * Every STORE_BEHIND_MS, whatever is queued is written: routing state is
+ * never more than that (plus one commit) behind the decisions.
+ */
+static void
+server_flush_cb(struct ev_loop *loop, ev_timer *t, int revents)
+{
+	struct broker *br = t->data;
 
 	(void)loop;
 	(void)revents;

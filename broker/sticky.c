@@ -24,6 +24,7 @@
 #define STICKY_RESAVE_MS   60000
 #define STICKY_SCOPE	   "sticky"
 #define STICKY_KEY_CAP	   128
+#define STICKY_QUEUE	   256
 
 struct sticky_ent {
 	char *se_key;
@@ -48,8 +49,17 @@ struct sticky_fl {
 	struct sticky_fl *sf_next;
 };
 
+/* Keys of a worker's dispatches in order (0: unkeyed). */
+struct sticky_queue {
+	uint64_t *sq_q;
+	uint32_t sq_head;
+	uint32_t sq_len;
+};
+
 struct sticky_state {
 	struct sticky_map *ss_map;
+	struct sticky_queue ss_q[SHM_MAX_WORKERS];
+	bool ss_exact; /* outcomes name their keys */
 	struct sticky_fl **ss_fl;
 	size_t ss_nfl; /* buckets, power of two */
 	size_t ss_fl_n;
@@ -65,6 +75,9 @@ static struct sticky_fl **sticky_fl_find(struct sticky_state *ss,
     uint64_t h, const struct worker *w);
 static uint32_t sticky_fl_effective(struct broker *br, struct sticky_fl **pp,
     struct worker *w, uint64_t now_ms);
+static void sticky_fl_add(struct broker *br, uint64_t h, struct worker *w,
+    int delta);
+static void sticky_queues_free(struct sticky_state *ss);
 static bool sticky_digits(const char *s, size_t n);
 static int sticky_pinned(struct sticky_pin *pin, struct worker *const *c,
     unsigned n);
@@ -413,16 +426,14 @@ sticky_fl_effective(struct broker *br, struct sticky_fl **pp,
 	return f->sf_count;
 }
 
-void
-sticky_inflight_add(struct broker *br, const char *key, struct worker *w,
-    int delta)
+/* +1 or -1 on the count of (hash, w). */
+static void
+sticky_fl_add(struct broker *br, uint64_t h, struct worker *w, int delta)
 {
 	struct sticky_state *ss = br->br_sticky;
-	uint64_t h = XXH3_64bits(key, strlen(key)), now = shm_now_ms();
+	uint64_t now = shm_now_ms();
 	struct sticky_fl **pp, *f;
 
-	if (ss == NULL || w->wk_slot >= SHM_MAX_WORKERS)
-		return;
 	pp = sticky_fl_find(ss, h, w);
 	if ((f = *pp) == NULL) {
 		if (delta <= 0)
@@ -443,6 +454,76 @@ sticky_inflight_add(struct broker *br, const char *key, struct worker *w,
 		f->sf_count = (uint32_t)((int64_t)f->sf_count + delta);
 	f->sf_changed_ms = now;
 	(void)sticky_fl_effective(br, pp, w, now);
+}
+
+void
+sticky_dispatched(struct broker *br, const char *key, struct worker *w)
+{
+	struct sticky_state *ss = br->br_sticky;
+	struct sticky_queue *q;
+	uint64_t h = 0;
+
+	if (ss == NULL || w->wk_slot >= SHM_MAX_WORKERS)
+		return;
+	if (key != NULL) {
+		h = XXH3_64bits(key, strlen(key));
+		if (h == 0)
+			h = 1; /* 0 marks an unkeyed dispatch */
+		sticky_fl_add(br, h, w, 1);
+	}
+	if (ss->ss_exact)
+		return;
+	q = &ss->ss_q[w->wk_slot];
+	if (q->sq_q == NULL)
+		q->sq_q = xcalloc(STICKY_QUEUE, sizeof(*q->sq_q));
+	if (q->sq_len == STICKY_QUEUE) {
+		/* Outcomes lost: forget the oldest (the clamp fixes counts). */
+		q->sq_head = (q->sq_head + 1) % STICKY_QUEUE;
+		q->sq_len--;
+	}
+	q->sq_q[(q->sq_head + q->sq_len) % STICKY_QUEUE] = h;
+	q->sq_len++;
+}
+
+void
+sticky_finished(struct broker *br, const char *key, struct worker *w)
+{
+	struct sticky_state *ss = br->br_sticky;
+	struct sticky_queue *q;
+	uint64_t h;
+
+	if (ss == NULL || w->wk_slot >= SHM_MAX_WORKERS)
+		return;
+	if (key != NULL && *key != '\0') {
+		if (!ss->ss_exact) {
+			ss->ss_exact = true;
+			sticky_queues_free(ss);
+		}
+		h = XXH3_64bits(key, strlen(key));
+		sticky_fl_add(br, h == 0 ? 1 : h, w, -1);
+		return;
+	}
+	if (ss->ss_exact)
+		return;
+	q = &ss->ss_q[w->wk_slot];
+	if (q->sq_len == 0)
+		return;
+	h = q->sq_q[q->sq_head];
+	q->sq_head = (q->sq_head + 1) % STICKY_QUEUE;
+	q->sq_len--;
+	if (h != 0)
+		sticky_fl_add(br, h, w, -1);
+}
+
+static void
+sticky_queues_free(struct sticky_state *ss)
+{
+	unsigned i;
+
+	for (i = 0; i < SHM_MAX_WORKERS; i++) {
+		free(ss->ss_q[i].sq_q);
+		memset(&ss->ss_q[i], 0, sizeof(ss->ss_q[i]));
+	}
 }
 
 uint32_t
@@ -491,6 +572,7 @@ sticky_forget_worker(struct broker *br, struct worker *w)
 		}
 	}
 	ss->ss_keys_on[w->wk_slot] = 0;
+	ss->ss_q[w->wk_slot].sq_head = ss->ss_q[w->wk_slot].sq_len = 0;
 }
 
 /* ------------------------------------------------------------ selection */
@@ -729,6 +811,7 @@ sticky_free(struct broker *br)
 		}
 	}
 	free(ss->ss_fl);
+	sticky_queues_free(ss);
 	sticky_map_free(ss->ss_map);
 	free(ss);
 	br->br_sticky = NULL;

@@ -6,12 +6,16 @@
  * A body that the proxy streams unparsed (gateway.md §6.4) is handed to
  * the request's handler piece by piece while the request is in progress.
  * A connection is freed only from the loop (a zero timer), never inside a
- * call made by its request handler.
+ * call made by its request handler. A connection closed by the gateway
+ * lingers: its write side is shut and what the client still sends (the
+ * rest of a refused body) is read and dropped for a moment, so the client
+ * reads the answer instead of a reset.
  */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "frontend/frontend.h"
@@ -19,6 +23,7 @@
 #include "shared/tls.h"
 
 #define CONN_TLS_WRITE_MAX 16384
+#define CONN_LINGER_SECS   2.0 /* reading what a closed client still sends */
 
 enum conn_state {
 	CONN_IDLE = 0, /* between requests */
@@ -45,6 +50,7 @@ struct conn {
 	bool c_dead; /* fd closed, freed by c_reap */
 	bool c_close_after; /* close once the output is written */
 	bool c_eof;
+	bool c_lingering; /* write side shut, discarding input until EOF */
 	bool c_in_process;
 	bool c_want_drain;
 	bool c_keep_alive;
@@ -63,6 +69,7 @@ static void conn_write_cb(struct ev_loop *, ev_io *, int);
 static void conn_timer_cb(struct ev_loop *, ev_timer *, int);
 static void conn_reap_cb(struct ev_loop *, ev_timer *, int);
 static void conn_kill(struct conn *);
+static void conn_linger(struct conn *);
 static void conn_process(struct conn *);
 static void conn_read(struct conn *);
 static int conn_write(struct conn *);
@@ -113,7 +120,9 @@ conn_drain_all(void)
 	{
 		if (c->c_dead)
 			continue;
-		if (c->c_state == CONN_BUSY)
+		if (c->c_lingering)
+			conn_kill(c);
+		else if (c->c_state == CONN_BUSY)
 			c->c_close_after = true;
 		else if (conn_pending(c) == 0)
 			conn_kill(c);
@@ -277,7 +286,24 @@ conn_flush(struct conn *c)
 	if (conn_pending(c) > FE_OUT_HIGH)
 		c->c_want_drain = true;
 	if (conn_pending(c) == 0 && c->c_close_after && c->c_state != CONN_BUSY)
+		conn_linger(c);
+}
+
+/* Everything is written and the connection is to close: shut the write
+ * side, then wait a moment for the client's EOF. */
+static void
+conn_linger(struct conn *c)
+{
+	if (c->c_lingering)
+		return;
+	if (c->c_eof || shutdown(c->c_fd, SHUT_WR) == -1) {
 		conn_kill(c);
+		return;
+	}
+	c->c_lingering = true;
+	ev_io_stop(fe->fe_loop, &c->c_wio);
+	ev_io_start(fe->fe_loop, &c->c_rio);
+	conn_arm_timer(c, CONN_LINGER_SECS);
 }
 
 static void
@@ -355,6 +381,18 @@ conn_read_cb(struct ev_loop *loop, ev_io *w, int revents)
 
 	(void)loop;
 	(void)revents;
+	if (c->c_lingering) {
+		char drop[4096];
+		ssize_t n;
+
+		/* Raw bytes, TLS records included: all of it is dropped. */
+		while ((n = read(c->c_fd, drop, sizeof(drop))) > 0)
+			;
+		if (n == 0 ||
+		    (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+			conn_kill(c);
+		return;
+	}
 	conn_read(c);
 	if (c->c_dead)
 		return;
@@ -373,7 +411,7 @@ conn_read_cb(struct ev_loop *loop, ev_io *w, int revents)
 static void
 conn_update(struct conn *c)
 {
-	if (c->c_dead)
+	if (c->c_dead || c->c_lingering)
 		return;
 	if (c->c_body_paused) {
 		ev_io_stop(fe->fe_loop, &c->c_rio);
@@ -556,6 +594,10 @@ conn_timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
 	(void)loop;
 	(void)revents;
 	ev_timer_stop(fe->fe_loop, w);
+	if (c->c_lingering) {
+		conn_kill(c);
+		return;
+	}
 	if (c->c_body_streaming) {
 		/* Stalled mid-body: the rest never comes, and the request
 		 * ends (with 408 when nothing was answered yet). */
@@ -580,7 +622,7 @@ conn_timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
 		http_out_error(&c->c_out, 408, "request_timeout",
 		    "Request not received in time", NULL, 0, false);
 		conn_flush(c);
-		if (!c->c_dead && conn_pending(c) > 0)
+		if (c->c_dead || c->c_lingering || conn_pending(c) > 0)
 			return;
 	}
 	conn_kill(c);

@@ -4,8 +4,9 @@
  * smg-poller watches the shm worker table and talks HTTP to workers on one
  * libev loop: registration discovery for Pending workers (register.c),
  * health probes for Ready/NotReady ones (health.c) and load polling of
- * Ready ones (load.c). Every finding goes to
- * the broker as a PollerMsg over nng PUSH (report.c). Nothing here blocks
+ * Ready ones (load.c), and KV-event subscriptions over ZMQ (kvevents.c).
+ * Every finding goes to the broker as a PollerMsg over nng PUSH
+ * (report.c). Nothing here blocks
  * the loop on a worker: each HTTP request has its own socket and deadline.
  */
 #ifndef POLLER_POLLER_H
@@ -194,6 +195,76 @@ bool load_wanted(const struct config *cf);
 void load_tick(struct pworker *pw, uint64_t now_ms);
 void load_stop(struct pworker *pw);
 
+/* ---- kvevents.c ---- */
+
+/* Per-subscription sequence state (workers.md §6.4). */
+struct kvevents_seq {
+	bool kq_have; /* a first batch fixed the baseline */
+	uint64_t kq_last;
+	bool kq_reset_next; /* a batch was lost: the next one resets */
+};
+
+enum kvevents_verdict {
+	KVEVENTS_APPLY = 0, /* the next batch: forward */
+	KVEVENTS_RESET, /* forward with reset: first, gap or restart */
+	KVEVENTS_SKIP, /* duplicate or older */
+};
+
+enum kvevents_probe {
+	KVEVENTS_PROBE_NONE = 0, /* not asked yet */
+	KVEVENTS_PROBE_BUSY, /* GET /get_server_info or /server_info */
+	KVEVENTS_PROBE_DONE, /* answered: ks_found holds what it said */
+};
+
+struct kvevents_state {
+	void *ks_sock; /* ZMQ SUB, NULL when not subscribed */
+	ev_io ks_io; /* on ZMQ_FD */
+	char ks_endpoint[SHM_URL_MAX]; /* the connected endpoint */
+	struct kvevents_seq ks_seq;
+	uint64_t ks_batches; /* forwarded since subscribing */
+	/* discovery of kv_events_config when no label names an endpoint */
+	enum kvevents_probe ks_probe;
+	bool ks_probe_fallback; /* /get_server_info 404: trying /server_info */
+	struct http_client_req *ks_req;
+	uint64_t ks_next_ms; /* next probe after a transport failure */
+	char ks_found[SHM_URL_MAX]; /* "" none */
+	char ks_topic[SHM_URL_MAX];
+};
+
+/*
+ * Decodes one msgpack payload (workers.md §6.2: array or map form, events
+ * of either form, int or bytes hashes) into b->events, each malloc'ed;
+ * kvevents_batch_clear frees them. Unknown event tags are skipped.
+ * Returns 0, or -1 (b left empty) when the payload is not a valid batch.
+ */
+int kvevents_decode(const void *buf, size_t len, Smg__KvEventBatch *b);
+void kvevents_batch_clear(Smg__KvEventBatch *b);
+/* Applies the sequence rules of workers.md §6.4 to the batch number seq. */
+enum kvevents_verdict kvevents_sequence(struct kvevents_seq *q, uint64_t seq);
+/*
+ * The endpoint to connect to for a worker: a bind wildcard host (*,
+ * 0.0.0.0, ::, empty) becomes the host of worker_url; anything else is
+ * copied. Returns 0, or -1 when it does not fit or cannot be parsed.
+ */
+int kvevents_resolve(const char *endpoint, const char *worker_url, char *out,
+    size_t len);
+/*
+ * Reads `kv_events_config` (a JSON string or object) of a server info
+ * body: its endpoint (default tcp://*:5557 when a zmq publisher names
+ * none) and topic. Returns 0 when the worker publishes over ZMQ, -1 not.
+ */
+int kvevents_parse_server_info(const char *body, size_t len, char *endpoint,
+    size_t elen, char *topic, size_t tlen);
+/*
+ * Per-slot hooks of the scan: a Ready or NotReady worker whose label (or
+ * server info) names an endpoint is subscribed; batches go to the broker
+ * as KvEventBatch. _stop unsubscribes and forgets the probe.
+ */
+void kvevents_tick(struct pworker *pw, uint64_t now_ms);
+void kvevents_stop(struct pworker *pw);
+/* Closes the ZMQ context (after every _stop). */
+void kvevents_shutdown(struct poller *p);
+
 /* ---- main.c / report.c: the process ---- */
 
 /* The poller's view of one worker table slot. */
@@ -210,6 +281,8 @@ struct pworker {
 	struct register_state pw_reg;
 	struct health_state pw_health;
 	struct load_state pw_load;
+	char pw_kv_label[SHM_URL_MAX]; /* label kv_events_endpoint, "" none */
+	struct kvevents_state pw_kv;
 };
 
 struct poller {
@@ -220,6 +293,7 @@ struct poller {
 	struct tls_ctx *p_tls; /* NULL: https:// probes fail */
 	bool p_load_on; /* load_wanted() */
 	uint64_t p_load_interval_ms;
+	void *p_zmq; /* ZMQ context, made on the first subscription */
 	struct pworker p_workers[SHM_MAX_WORKERS];
 };
 

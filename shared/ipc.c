@@ -80,6 +80,7 @@ struct ipc_req {
 	void *rq_arg;
 	int rq_status;
 	nng_msg *rq_reply;
+	int rq_busy; /* sent, callback not yet run (loop only) */
 	struct ipc_req *rq_next; /* free list or completion queue */
 };
 
@@ -99,6 +100,7 @@ struct ipc_client {
 	int cl_dispatching;
 	int cl_free_pending;
 	int cl_closing;
+	_Atomic int cl_stopping; /* read by nng threads */
 };
 
 static int ipc_remove_stale(const char *);
@@ -585,9 +587,22 @@ static void
 ipc_client_destroy(struct ipc_client *cl)
 {
 	struct ipc_req *rq, *next;
-	unsigned i;
+	unsigned i, pass;
 
 	cl->cl_closing = 1;
+	atomic_store(&cl->cl_stopping, 1);
+	/*
+	 * Quiesce our aios before closing the socket: nng 1.5 can deadlock
+	 * in nng_close when context operations race with the teardown. A
+	 * callback that read cl_stopping before it was set may have
+	 * submitted once more, hence the second pass.
+	 */
+	for (pass = 0; pass < 2; pass++) {
+		for (i = 0; i < cl->cl_nreq; i++) {
+			nng_aio_cancel(cl->cl_reqs[i].rq_aio);
+			nng_aio_wait(cl->cl_reqs[i].rq_aio);
+		}
+	}
 	/* After this no nng thread touches the client. */
 	for (i = 0; i < cl->cl_nreq; i++)
 		nng_aio_stop(cl->cl_reqs[i].rq_aio);
@@ -596,6 +611,18 @@ ipc_client_destroy(struct ipc_client *cl)
 	cl->cl_dispatching = 1;
 	for (rq = ipc_client_take_done(cl); rq != NULL; rq = next) {
 		next = rq->rq_next;
+		ipc_client_complete(cl, rq, NNG_ECLOSED);
+	}
+	/*
+	 * An operation a callback submitted on an aio being stopped is
+	 * dropped by nng without another callback: finish those here.
+	 */
+	for (i = 0; i < cl->cl_nreq; i++) {
+		rq = &cl->cl_reqs[i];
+		if (!rq->rq_busy)
+			continue;
+		nng_msg_free(nng_aio_get_msg(rq->rq_aio));
+		nng_aio_set_msg(rq->rq_aio, NULL);
 		ipc_client_complete(cl, rq, NNG_ECLOSED);
 	}
 	for (i = 0; i < cl->cl_nreq; i++)
@@ -645,6 +672,7 @@ ipc_client_send(struct ipc_client *cl, const uint8_t *msg, size_t len,
 	rq->rq_status = 0;
 	rq->rq_reply = NULL;
 	rq->rq_op = IPC_OP_SEND;
+	rq->rq_busy = 1;
 	rq->rq_deadline = nng_clock() + timeout_ms;
 	cl->cl_inflight++;
 	nng_aio_set_msg(rq->rq_aio, m);
@@ -670,6 +698,8 @@ ipc_req_cb(void *arg)
 
 	rv = nng_aio_result(rq->rq_aio);
 	if (rq->rq_op == IPC_OP_SEND) {
+		if (rv == 0 && atomic_load(&cl->cl_stopping))
+			rv = NNG_ECLOSED;
 		if (rv == 0) {
 			now = nng_clock();
 			if (now < rq->rq_deadline) {
@@ -745,6 +775,7 @@ ipc_client_complete(struct ipc_client *cl, struct ipc_req *rq, int status)
 	rq->rq_cb = NULL;
 	rq->rq_arg = NULL;
 	rq->rq_reply = NULL;
+	rq->rq_busy = 0;
 	rq->rq_next = cl->cl_idle;
 	cl->cl_idle = rq;
 	cl->cl_inflight--;

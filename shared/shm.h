@@ -28,7 +28,7 @@
 #include <sys/types.h>
 
 #define SHM_MAGIC              0x53474d43u /* "SMGC" */
-#define SHM_VERSION            1u
+#define SHM_VERSION            2u
 #define SHM_FILENAME           "smg.shm"
 #define SHM_MAX_WORKERS        512
 #define SHM_MAX_FRONTENDS      64
@@ -82,6 +82,8 @@ struct shm_worker {
 	char sw_url[SHM_URL_MAX]; /* as registered, no trailing '/' */
 	char sw_model[SHM_MODEL_MAX]; /* "unknown" until discovered */
 	char sw_api_key[SHM_KEY_MAX]; /* "" none; segment is mode 0600 */
+	/* KV-event endpoint from the worker label kv_events_endpoint, "" none */
+	char sw_kv_endpoint[SHM_URL_MAX];
 };
 
 struct shm_worker_slot {

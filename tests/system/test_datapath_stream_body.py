@@ -172,14 +172,19 @@ def test_streamed_bodies(tmp_path):
             util.wait_for(lambda: {"path": "/v1/completions",
                                    "truncated": 1000} in e.received,
                           timeout=5, what="the worker seeing a short body")
-            # Over --max-payload-size: 413 before anything is sent.
-            c = Client(g.port)
-            before = len(e.heads)
-            c.send_head("/v1/completions", 300000)
-            status, _, body = c.response()
-            c.close()
-            assert status == 413, body
-            assert len(e.heads) == before
+            # Over --max-payload-size: 413 before anything is sent. The
+            # client sending the whole body anyway still reads the 413:
+            # the gateway drops the rest instead of resetting.
+            for _ in range(3):
+                c = Client(g.port)
+                before = len(e.heads)
+                c.send_head("/v1/completions", 300000)
+                c.send(b"x" * 300000)
+                status, hdrs, body = c.response()
+                c.close()
+                assert status == 413, body
+                assert hdrs["connection"] == "close"
+                assert len(e.heads) == before
             assert g.get("/liveness").status == 200
             g.stop()
     finally:

@@ -1,0 +1,428 @@
+/*
+ * policy_cache_aware_test.c: every branch of cache_aware (policies.md
+ * §11) on hand-built states: a broker with three Ready workers, in-flight
+ * counts set in shm, load reports set on the workers, and selections
+ * made straight through the policy.
+ */
+#define _XOPEN_SOURCE 700
+#include <ftw.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "shared/config.h"
+#include "shared/metrics.h"
+#include "shared/shm.h"
+
+#include "broker/broker.h"
+
+struct fx {
+	char dir[64];
+	char run[128];
+	char state[128];
+	struct broker_settings bs;
+	struct broker_startup_worker sw[3];
+	uint32_t bounds[2];
+	struct ev_loop *loop;
+	struct broker *br;
+	struct worker *c[3];
+};
+
+static int rm_cb(const char *path, const struct stat *sb, int flag,
+    struct FTW *ftw);
+
+static int
+rm_cb(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+	(void)sb;
+	(void)flag;
+	(void)ftw;
+	return remove(path);
+}
+
+static struct fx *
+fx_new(const char *policy)
+{
+	struct fx *f = calloc(1, sizeof(*f));
+
+	snprintf(f->dir, sizeof(f->dir), "/tmp/smg-ca-test.XXXXXX");
+	assert_non_null(mkdtemp(f->dir));
+	snprintf(f->run, sizeof(f->run), "%s/run", f->dir);
+	snprintf(f->state, sizeof(f->state), "%s/state", f->dir);
+	f->bs.bs_state_dir = f->state;
+	f->bs.bs_run_dir = f->run;
+	f->bs.bs_policy = policy;
+	f->bs.bs_cb_failure_threshold = 5;
+	f->bs.bs_cb_success_threshold = 1;
+	f->bs.bs_cb_timeout_secs = 60;
+	f->bs.bs_disable_health_check = true;
+	f->bs.bs_load_monitor_interval = 0; /* reports never age */
+	f->sw[0] = (struct broker_startup_worker) { "http://a:1", 0, -1 };
+	f->sw[1] = (struct broker_startup_worker) { "http://b:2", 0, -1 };
+	f->sw[2] = (struct broker_startup_worker) { "http://c:3", 0, -1 };
+	f->bs.bs_workers = f->sw;
+	f->bs.bs_nworkers = 3;
+	f->bs.bs_policy_flags = true;
+	f->bs.bs_cache_threshold = 0.5;
+	f->bs.bs_balance_abs_threshold = 2;
+	f->bs.bs_balance_rel_threshold = 1.5;
+	f->bs.bs_balance_token_usage_threshold = 1.0;
+	f->bs.bs_overload_token_usage_threshold = 1.0;
+	f->bs.bs_eviction_interval = 1;
+	f->bs.bs_max_tree_size = 1000;
+	f->bs.bs_block_size = 4;
+	f->bs.bs_cache_ttl_secs = 180;
+	f->bs.bs_max_idle_secs = 3600;
+	f->bs.bs_prefix_token_count = 256;
+	f->bs.bs_prefix_hash_load_factor = 1.25;
+	f->bs.bs_prefix_hash_abs_threshold = 10;
+	f->bounds[0] = 4;
+	f->bounds[1] = 8;
+	f->loop = ev_default_loop(0);
+	return f;
+}
+
+static void
+fx_start(struct fx *f)
+{
+	unsigned i;
+
+	f->br = server_new(f->loop, &f->bs, false);
+	assert_non_null(f->br);
+	assert_int_equal(f->br->br_nworkers, 3);
+	for (i = 0; i < 3; i++)
+		f->c[i] = f->br->br_order[i];
+}
+
+static void
+fx_free(struct fx *f)
+{
+	server_free(f->br);
+	shm_unlink_segment(f->run);
+	nftw(f->dir, rm_cb, 8, FTW_DEPTH | FTW_PHYS);
+	free(f);
+}
+
+static void
+load(struct fx *f, unsigned i, unsigned n)
+{
+	while (n-- > 0)
+		shm_inflight_inc(f->br->br_shm, 0, f->c[i]->wk_slot);
+}
+
+static void
+report(struct fx *f, unsigned i, double usage, int64_t waiting_tokens)
+{
+	struct worker *w = f->c[i];
+
+	w->wk_load.wl_valid = true;
+	w->wk_load.wl_nranks = 1;
+	w->wk_load.wl_token_usage = usage;
+	w->wk_load.wl_waiting_uncached_tokens = waiting_tokens;
+	w->wk_load.wl_gen_throughput = 1000;
+	w->wk_load.wl_received_ms = shm_now_ms();
+	policy_notify_report(f->br, w);
+}
+
+static int
+pick_text(struct fx *f, const char *text)
+{
+	Smg__RouteRequest rq = SMG__ROUTE_REQUEST__INIT;
+
+	rq.text = (char *)text;
+	rq.has_text = true;
+	return policy_select(f->br->br_default, f->c, 3, &rq);
+}
+
+static int
+pick_tokens(struct fx *f, const uint32_t *tok, size_t n)
+{
+	Smg__RouteRequest rq = SMG__ROUTE_REQUEST__INIT;
+
+	rq.tokens = (uint32_t *)tok;
+	rq.n_tokens = n;
+	rq.has_tokens = true;
+	return policy_select(f->br->br_default, f->c, 3, &rq);
+}
+
+/* Value of family{branch="b"} in the metrics text, 0 when absent. */
+static long
+branch(struct fx *f, const char *family, const char *b)
+{
+	char *out = NULL, pat[160], *p;
+	size_t len;
+	long v = 0;
+
+	assert_int_equal(metrics_render(f->br->br_shm, &out, &len), 0);
+	snprintf(pat, sizeof(pat), "%s{branch=\"%s\"} ", family, b);
+	if ((p = strstr(out, pat)) != NULL)
+		v = strtol(p + strlen(pat), NULL, 10);
+	free(out);
+	return v;
+}
+
+#define CA "smg_cache_aware_policy_branch_total"
+
+static const char *long_a = "the first conversation with a long shared "
+			    "system prompt that many requests repeat";
+static const char *long_b = "a second, unrelated conversation that shares "
+			    "nothing with the first one at all";
+
+static void
+test_tree_match_and_fallback(void **state)
+{
+	struct fx *f = fx_new("cache_aware");
+	char q[256];
+	int first, i;
+
+	(void)state;
+	fx_start(f);
+	/* Nothing matches: the fallback pick (dark fleet: fewest in
+	 * flight), then the text is inserted for the winner. */
+	load(f, 0, 1);
+	load(f, 2, 1);
+	first = pick_text(f, long_a);
+	assert_int_equal(first, 1);
+	assert_int_equal(branch(f, CA, "min_load_fallback"), 1);
+	/* Same prefix, longer text: the holder, despite load elsewhere. */
+	for (i = 0; i < 5; i++) {
+		snprintf(q, sizeof(q), "%s, turn %d", long_a, i);
+		assert_int_equal(pick_text(f, q), 1);
+	}
+	assert_int_equal(branch(f, CA, "tree_match"), 5);
+	/* Below the threshold (short shared part): fallback again. */
+	load(f, 1, 3);
+	assert_int_not_equal(pick_text(f, "the first zzzzzzzzzzzzzzzzzzzzzzzzz"
+					  "zzzzzzzzzzzzzzzzzzzzzz"),
+	    1);
+	assert_int_equal(branch(f, CA, "tree_match"), 5);
+	assert_int_equal(branch(f, CA, "min_load_fallback"), 2);
+	fx_free(f);
+}
+
+static void
+test_spill_needs_both_gates(void **state)
+{
+	struct fx *f = fx_new("cache_aware");
+
+	(void)state;
+	fx_start(f);
+	load(f, 1, 1);
+	load(f, 2, 1);
+	assert_int_equal(pick_text(f, long_a), 0);
+	/* Holder 0 at 5, others 1: avg 7/3, rel gate 3.5, abs gate 4.33:
+	 * both exceeded -> spill to the least loaded. */
+	load(f, 0, 5);
+	assert_int_not_equal(pick_text(f, long_a), 0);
+	assert_int_equal(branch(f, CA, "spill"), 1);
+	fx_free(f);
+
+	/* Holder at 3 with others at 2, abs 0: avg 7/3; over the absolute
+	 * gate (3 > 2.33) but not the relative one (3 > 3.5): stays. */
+	f = fx_new("cache_aware");
+	f->bs.bs_balance_abs_threshold = 0;
+	fx_start(f);
+	load(f, 1, 1);
+	load(f, 2, 1);
+	assert_int_equal(pick_text(f, long_a), 0);
+	load(f, 0, 3);
+	load(f, 1, 1);
+	load(f, 2, 1);
+	assert_int_equal(pick_text(f, long_a), 0);
+	assert_int_equal(branch(f, CA, "tree_match"), 1);
+	assert_int_equal(branch(f, CA, "spill"), 0);
+	fx_free(f);
+}
+
+static void
+test_first_healthy_and_no_tree(void **state)
+{
+	struct fx *f = fx_new("cache_aware");
+	Smg__RouteRequest rq = SMG__ROUTE_REQUEST__INIT;
+	int idx;
+
+	(void)state;
+	fx_start(f);
+	load(f, 1, 1);
+	load(f, 2, 1);
+	assert_int_equal(pick_text(f, long_a), 0);
+	/* The holder is not a candidate: first candidate, no insert. */
+	rq.text = (char *)long_a;
+	rq.has_text = true;
+	idx = policy_select(f->br->br_default, f->c + 1, 2, &rq);
+	assert_int_equal(idx, 0);
+	assert_int_equal(branch(f, CA, "first_healthy_fallback"), 1);
+	/* A model no worker was ever registered under: random, counted. */
+	free(f->c[0]->wk_model);
+	f->c[0]->wk_model = strdup("never-seen");
+	idx = pick_text(f, long_b);
+	assert_true(idx >= 0 && idx < 3);
+	assert_int_equal(branch(f, CA, "no_tree_random"), 1);
+	free(f->c[0]->wk_model);
+	f->c[0]->wk_model = strdup(BROKER_MODEL_UNKNOWN);
+	assert_int_equal(policy_select(f->br->br_default, f->c, 0, &rq), -1);
+	fx_free(f);
+}
+
+static void
+test_kv_pressure(void **state)
+{
+	struct fx *f = fx_new("cache_aware");
+
+	(void)state;
+	f->bs.bs_overload_token_usage_threshold = 0.9;
+	fx_start(f);
+	load(f, 1, 1);
+	load(f, 2, 1);
+	assert_int_equal(pick_text(f, long_a), 0);
+	report(f, 0, 0.95, 50000);
+	report(f, 1, 0.10, 0);
+	report(f, 2, 0.20, 4000);
+	/* kmax 0.95 > 0.9: the scorer picks, the holder is ignored. */
+	assert_int_equal(pick_text(f, long_a), 1);
+	assert_int_equal(branch(f, CA, "kv_pressure_min_load"), 1);
+	/* Still inserted for the winner: 1 now holds the prefix too. */
+	report(f, 0, 0.5, 0);
+	load(f, 0, 2);
+	assert_int_equal(pick_text(f, long_a), 1);
+	assert_int_equal(branch(f, CA, "tree_match"), 1);
+	fx_free(f);
+}
+
+static void
+test_token_tree_pages(void **state)
+{
+	struct fx *f = fx_new("cache_aware");
+	uint32_t tok[12] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12 };
+	uint32_t other[12] = { 1, 2, 3, 4, 50, 60, 70, 80, 90, 100, 110, 120 };
+
+	(void)state;
+	fx_start(f);
+	load(f, 0, 1);
+	load(f, 1, 1);
+	assert_int_equal(pick_tokens(f, tok, 12), 2);
+	load(f, 2, 1);
+	/* 12 of 12 tokens match on page boundaries. */
+	assert_int_equal(pick_tokens(f, tok, 12), 2);
+	assert_int_equal(branch(f, CA, "tree_match"), 1);
+	/* Only the first page (4 of 12) matches: 0.33 <= 0.5. */
+	(void)pick_tokens(f, other, 12);
+	assert_int_equal(branch(f, CA, "min_load_fallback"), 2);
+	fx_free(f);
+}
+
+static void
+test_eviction_sweep_and_gauges(void **state)
+{
+	struct fx *f = fx_new("cache_aware");
+	char *out = NULL;
+	char q[64];
+	size_t len;
+	int i;
+
+	(void)state;
+	f->bs.bs_max_tree_size = 100;
+	fx_start(f);
+	for (i = 0; i < 50; i++) {
+		snprintf(q, sizeof(q), "unique prompt number %d padding", i);
+		(void)pick_text(f, q);
+	}
+	policy_sweep_all(f->br, shm_now_ms() + 10000);
+	assert_int_equal(metrics_render(f->br->br_shm, &out, &len), 0);
+	assert_non_null(strstr(out, "smg_cache_tree_chars{model=\"unknown\"}"));
+	assert_non_null(strstr(out, "smg_cache_tree_tenants{model=\"unknown\","
+				    "tree=\"string\"} 3"));
+	{
+		const char *p = strstr(out,
+		    "smg_cache_tree_chars{model=\"unknown\"} ");
+
+		assert_true(strtol(p + strlen("smg_cache_tree_chars{model="
+					      "\"unknown\"} "),
+				NULL, 10) <= 100);
+	}
+	free(out);
+	fx_free(f);
+}
+
+static void
+test_hash_mode(void **state)
+{
+	struct fx *f = fx_new("cache_aware");
+	uint32_t tok[10] = { 9, 8, 7, 6, 5, 4, 3, 2, 1, 0 };
+	uint32_t shallow[10] = { 9, 8, 7, 6, 55, 44, 33, 22, 11, 0 };
+	int first;
+
+	(void)state;
+	f->bs.bs_cache_index_hash = true;
+	f->bs.bs_cache_boundaries = f->bounds;
+	f->bs.bs_cache_boundaries_n = 2;
+	fx_start(f);
+	/* Shorter than min(B) = 4: fallback, nothing recorded. */
+	load(f, 0, 1);
+	load(f, 2, 1);
+	assert_int_equal(pick_tokens(f, tok, 3), 1);
+	first = pick_tokens(f, tok, 10);
+	assert_int_equal(first, 1); /* nothing recorded before */
+	load(f, 1, 1);
+	/* Deepest boundary 8 hits holder 1 (load 1 is not over the gate). */
+	assert_int_equal(pick_tokens(f, tok, 10), 1);
+	/* Boundary 4 only is shared: still the holder of that key. */
+	assert_int_equal(pick_tokens(f, shallow, 10), 1);
+	/* Overloaded holder: hash_spill to the least loaded. */
+	load(f, 1, 6);
+	load(f, 0, 1);
+	assert_int_equal(pick_tokens(f, tok, 10), 2);
+	/* Tree-mode counter untouched by hash-mode decisions. */
+	assert_int_equal(branch(f, CA, "tree_match"), 0);
+	fx_free(f);
+}
+
+static void
+test_decay_prefers_shorter_backlog(void **state)
+{
+	struct fx *f = fx_new("cache_aware");
+	int i;
+
+	(void)state;
+	f->bs.bs_overlap_decay = 1.0;
+	fx_start(f);
+	/* Make 0 and 1 both holders: 0 first, 1 by a spill. */
+	load(f, 1, 1);
+	load(f, 2, 2);
+	assert_int_equal(pick_text(f, long_a), 0);
+	load(f, 0, 20);
+	assert_int_equal(pick_text(f, long_a), 1);
+	shm_inflight_reset_slot(f->br->br_shm, f->c[0]->wk_slot);
+	load(f, 0, 1);
+	/* Equal in-flight; 0 has a big uncached backlog: decay picks 1. */
+	load(f, 1, 1);
+	report(f, 0, 0.1, 100000);
+	report(f, 1, 0.1, 0);
+	for (i = 0; i < 10; i++)
+		assert_int_equal(pick_text(f, long_a), 1);
+	fx_free(f);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_tree_match_and_fallback),
+		cmocka_unit_test(test_spill_needs_both_gates),
+		cmocka_unit_test(test_first_healthy_and_no_tree),
+		cmocka_unit_test(test_kv_pressure),
+		cmocka_unit_test(test_token_tree_pages),
+		cmocka_unit_test(test_eviction_sweep_and_gauges),
+		cmocka_unit_test(test_hash_mode),
+		cmocka_unit_test(test_decay_prefers_shorter_backlog),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
