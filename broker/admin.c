@@ -218,6 +218,16 @@ admin_parse_spec(const char *json, cJSON **root, struct worker_spec *ws,
 				return -1;
 			}
 		}
+		/* The poller connects a ZMQ SUB there (workers.md §6.4). */
+		sub =
+		    cJSON_GetObjectItemCaseSensitive(it, "kv_events_endpoint");
+		if (sub != NULL &&
+		    (strstr(sub->valuestring, "://") == NULL ||
+		        strlen(sub->valuestring) >= SHM_URL_MAX)) {
+			*err = "labels.kv_events_endpoint must be a ZMQ "
+			       "endpoint such as tcp://host:5557";
+			return -1;
+		}
 		ws->ws_labels = it;
 	}
 	if ((it = cJSON_GetObjectItemCaseSensitive(o, "priority")) != NULL &&

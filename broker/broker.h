@@ -347,6 +347,7 @@ extern const struct policy_ops policy_consistent_hashing_ops;
 extern const struct policy_ops policy_manual_ops;
 extern const struct policy_ops policy_least_load_ops;
 extern const struct policy_ops policy_power_of_two_ops;
+extern const struct policy_ops policy_bucket_ops;
 
 /*
  * Canonical policy name for a user-given one (case-insensitive, aliases of
@@ -391,6 +392,21 @@ uint32_t policy_rand_below(uint32_t n);
 /* Rotation count of the set c[0..n-1] in a round_robin state (tests). */
 uint64_t policy_round_robin_counter(void *state, struct worker *const *c,
     unsigned n);
+
+/* ----------------------------------------------------------
+ * policy_bucket.c */
+
+struct bucket;
+
+/*
+ * bucket (policies.md §10.3): per model, members are the prefill workers
+ * (PD/EPD) or the regular workers (regular mode), in registration order; a
+ * model-less request uses its first candidate's model. Ranges are
+ * recomputed from po_sweep every 5 s per model (first 5 s after the
+ * model's bucket appears). The model's bucket of a bucket instance, NULL
+ * when p is no bucket or the model has none (tests).
+ */
+struct bucket *policy_bucket_state(struct policy *p, const char *model);
 
 /* ----------------------------------------------------------
  * policy_least_load.c */
@@ -576,8 +592,8 @@ void persist_assign_del(struct broker *br, const char *scope, const char *key);
 void persist_tree_insert(struct broker *br, const struct policy *p,
     const char *model, int kind, const char *url, const void *key,
     size_t keylen);
-/* Adds a tree's budget (bytes) to the journal bound. */
-void persist_tree_budget(struct broker *br, uint64_t bytes);
+/* Adds a tree's budget (chars or tokens) to the journal bound. */
+void persist_tree_budget(struct broker *br, uint64_t units);
 /* Journal records written and replayed (tests, logs). */
 uint64_t persist_journal_records(const struct broker *br);
 

@@ -104,8 +104,8 @@ static void kx_worker_clear(struct kvindex *, unsigned);
 static void kx_worker_detach(struct kvindex *, unsigned);
 static void kx_put(struct kvindex *, unsigned, int64_t, uint64_t, uint64_t,
     uint64_t, uint64_t);
-static size_t kx_stored(struct kvindex *, unsigned,
-    const Smg__KvBlocksStored *, uint64_t);
+static size_t kx_stored(struct kvindex *, unsigned, const Smg__KvBlocksStored *,
+    uint64_t);
 static int kx_victim_cmp(const void *, const void *);
 static struct kx_glue *kx_glue(struct broker *, bool);
 static void kx_prune_cb(struct ev_loop *, ev_timer *, int);
@@ -633,7 +633,8 @@ kvindex_overlap(struct kvindex *kx, const char *model, const uint32_t *tokens,
 		}
 	for (j = 0; j < nblocks && alive > 0; j++) {
 		content = kvindex_content_hash(tokens + j * bs, bs);
-		prefix = j == 0 ? content : kvindex_prefix_hash(prefix, content);
+		prefix =
+		    j == 0 ? content : kvindex_prefix_hash(prefix, content);
 		if ((e = kx_entry_find(km, j, content, prefix)) == NULL)
 			break;
 		e->ke_touch_ms = now_ms;
@@ -681,7 +682,8 @@ kvindex_prune(struct kvindex *kx, uint64_t now_ms)
 		for (s = 0; s < SHM_MAX_WORKERS; s++) {
 			kw = &kx->kx_workers[s];
 			for (b = 0; b < kw->kw_nbuckets; b++)
-				for (kb = kw->kw_tab[b]; kb != NULL; kb = next) {
+				for (kb = kw->kw_tab[b]; kb != NULL;
+				     kb = next) {
 					next = kb->kb_next;
 					t = kb->kb_touch_ms >
 					        kb->kb_entry->ke_touch_ms
@@ -705,7 +707,8 @@ kvindex_prune(struct kvindex *kx, uint64_t now_ms)
 				t = kb->kb_touch_ms > kb->kb_entry->ke_touch_ms
 				    ? kb->kb_touch_ms
 				    : kb->kb_entry->ke_touch_ms;
-				if (now_ms >= t && now_ms - t < KVINDEX_RECENT_MS)
+				if (now_ms >= t &&
+				    now_ms - t < KVINDEX_RECENT_MS)
 					continue;
 				v[nv].kv_touch_ms = t;
 				v[nv].kv_engine = kb->kb_engine;

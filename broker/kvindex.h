@@ -27,7 +27,7 @@
 
 #include "ipc.pb-c.h"
 
-#define KVINDEX_SEED	  1337
+#define KVINDEX_SEED      1337
 #define KVINDEX_PRUNE_MS  30000
 #define KVINDEX_RECENT_MS 2000
 
@@ -109,7 +109,6 @@ bool kvindex_active(struct broker *br, const char *model);
  */
 int kvindex_select(struct broker *br, const char *model,
     struct worker *const *c, unsigned n, const uint32_t *load,
-    const uint32_t *tokens, size_t ntok, uint32_t default_bs,
-    uint32_t *score);
+    const uint32_t *tokens, size_t ntok, uint32_t default_bs, uint32_t *score);
 
 #endif /* BROKER_KVINDEX_H */

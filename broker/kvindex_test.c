@@ -18,13 +18,13 @@
 #define BS 4
 
 /* Reference values from an independent XXH3 implementation (seed 1337). */
-#define H_A	0xcb38e4d7fb2dca5cULL /* tokens 1 2 3 4 */
-#define H_B	0xe8d3ec39b907b74cULL /* 5 6 7 8 */
-#define H_C	0x06b748f1777d599cULL /* 9 10 11 12 */
-#define P_AB	0x44a2b2379d6d3c3dULL
-#define P_ABC	0xaea1e67a6c80cf84ULL
-#define H_BIG	0x2e96f9453762cebeULL /* 0xffffffff 0x01020304 0 7 */
-#define H_300	0x1474c801f1576d1cULL /* 0 .. 299 */
+#define H_A   0xcb38e4d7fb2dca5cULL /* tokens 1 2 3 4 */
+#define H_B   0xe8d3ec39b907b74cULL /* 5 6 7 8 */
+#define H_C   0x06b748f1777d599cULL /* 9 10 11 12 */
+#define P_AB  0x44a2b2379d6d3c3dULL
+#define P_ABC 0xaea1e67a6c80cf84ULL
+#define H_BIG 0x2e96f9453762cebeULL /* 0xffffffff 0x01020304 0 7 */
+#define H_300 0x1474c801f1576d1cULL /* 0 .. 299 */
 
 static const uint32_t toks_abc[] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12 };
 
@@ -60,8 +60,8 @@ tb_next(struct tb *t)
 
 /* Stores n blocks of bs tokens from tok with engine hashes h0, h0+1, ... */
 static void
-tb_store(struct tb *t, int64_t h0, size_t n, const uint32_t *tok,
-    uint32_t bs, bool has_parent, int64_t parent)
+tb_store(struct tb *t, int64_t h0, size_t n, const uint32_t *tok, uint32_t bs,
+    bool has_parent, int64_t parent)
 {
 	size_t k = t->b.n_events, i;
 	Smg__KvEvent *e = tb_next(t);
@@ -412,9 +412,8 @@ test_select(void **state)
 	w[1].wk_slot = 11;
 	w[2].wk_slot = 12;
 	assert_false(kvindex_active(br, "m"));
-	assert_int_equal(kvindex_select(br, "m", c, 3, load, toks_abc, 12, BS,
-	                     &score),
-	    -1);
+	assert_int_equal(
+	    kvindex_select(br, "m", c, 3, load, toks_abc, 12, BS, &score), -1);
 	tb_init(&t);
 	tb_store(&t, 100, 3, toks_abc, BS, false, 0);
 	(void)kvindex_apply(kvindex_of(br), "m", 10, 1, &t.b, 0);

@@ -31,8 +31,8 @@
 
 #include "broker.h"
 
-#define PERSIST_VERSION	 1
-#define PERSIST_HDR	 8
+#define PERSIST_VERSION  1
+#define PERSIST_HDR      8
 #define PERSIST_NAME_MAX 0xffff
 
 /* A live journal record, by content hash. */
@@ -58,8 +58,8 @@ struct persist {
 	size_t pe_len; /* entries from pe_head */
 	size_t pe_cap;
 	uint64_t pe_next_seq;
-	uint64_t pe_bytes; /* live journal bytes */
-	uint64_t pe_budget; /* bytes; 0 until a tree registers */
+	uint64_t pe_bytes; /* live journal size in chars and tokens */
+	uint64_t pe_budget; /* chars and tokens; 0 until a tree registers */
 	uint64_t pe_records; /* written or replayed */
 };
 
@@ -77,6 +77,7 @@ static void persist_forget(struct broker *br, struct persist_rec **pp);
 static void persist_trim(struct broker *br);
 static void persist_remember(struct broker *br, uint64_t seq, uint64_t hash,
     uint64_t bytes);
+static uint64_t persist_units(int kind, size_t keylen);
 static void persist_be64(uint64_t v, unsigned char out[8]);
 static uint64_t persist_get_be64(const unsigned char *p);
 static uint16_t persist_get_le16(const unsigned char *p);
@@ -126,10 +127,17 @@ persist_journal_records(const struct broker *br)
 }
 
 void
-persist_tree_budget(struct broker *br, uint64_t bytes)
+persist_tree_budget(struct broker *br, uint64_t units)
 {
 	if (br != NULL && br->br_persist != NULL)
-		br->br_persist->pe_budget += bytes;
+		br->br_persist->pe_budget += units;
+}
+
+/* Journal size of a key: chars (as bytes) or tokens. */
+static uint64_t
+persist_units(int kind, size_t keylen)
+{
+	return kind == 1 ? keylen / 4 : keylen;
 }
 
 static void
@@ -163,8 +171,7 @@ persist_get_le16(const unsigned char *p)
 /* ------------------------------------------------------------ scopes */
 
 const char *
-persist_scope(struct broker *br, const struct policy *p, char *buf,
-    size_t len)
+persist_scope(struct broker *br, const struct policy *p, char *buf, size_t len)
 {
 	static const char *const legs[4] = { "single", "prefill", "decode",
 		"encode" };
@@ -323,8 +330,7 @@ persist_trim(struct broker *br)
 }
 
 static void
-persist_remember(struct broker *br, uint64_t seq, uint64_t hash,
-    uint64_t bytes)
+persist_remember(struct broker *br, uint64_t seq, uint64_t hash, uint64_t bytes)
 {
 	struct persist *pe = br->br_persist;
 	struct persist_rec **pp, *r;
@@ -391,9 +397,9 @@ persist_tree_insert(struct broker *br, const struct policy *p,
 	pp = persist_find(pe, h);
 	if (*pp != NULL) {
 		/* Recent enough: replay order barely changes. */
-		span = pe->pe_next_seq - (pe->pe_len > 0
-		                                 ? pe->pe_fifo[pe->pe_head].pf_seq
-		                                 : pe->pe_next_seq);
+		span = pe->pe_next_seq -
+		    (pe->pe_len > 0 ? pe->pe_fifo[pe->pe_head].pf_seq
+		                    : pe->pe_next_seq);
 		if ((*pp)->pr_seq + span / 4 >= pe->pe_next_seq) {
 			free(v);
 			return;
@@ -403,7 +409,7 @@ persist_tree_insert(struct broker *br, const struct policy *p,
 	persist_be64(seq, k);
 	store_put_db(br->br_store, STORE_DB_JOURNAL, k, sizeof(k), v, len);
 	free(v);
-	persist_remember(br, seq, h, len);
+	persist_remember(br, seq, h, persist_units(kind, keylen));
 	pe->pe_records++;
 	persist_trim(br);
 }
@@ -444,7 +450,8 @@ persist_journal_cb(void *arg, const void *key, size_t klen, const void *val,
 	model[lm] = '\0';
 	memcpy(url, v + PERSIST_HDR + ls + lm, lu);
 	url[lu] = '\0';
-	persist_remember(br, seq, XXH3_64bits(v, vlen), vlen);
+	persist_remember(br, seq, XXH3_64bits(v, vlen),
+	    persist_units(v[1], vlen - off));
 	p = persist_policy(br, scope);
 	w = registry_find(br, url);
 	if (p == NULL || w == NULL ||
@@ -577,7 +584,7 @@ persist_restore(struct broker *br)
 	/* The budget is known now: drop what no longer fits. */
 	persist_trim(br);
 	log_info("%s: %llu assignments, %llu tree inserts replayed "
-	         "(%llu skipped, %llu journal bytes) in %llu ms",
+	         "(%llu skipped, %llu journal chars+tokens) in %llu ms",
 	    __func__, (unsigned long long)rc.rc_assign,
 	    (unsigned long long)rc.rc_replayed,
 	    (unsigned long long)rc.rc_skipped,

@@ -44,6 +44,7 @@ static const struct policy_ops *const policy_table[] = {
 	&policy_prefix_hash_ops,
 	&policy_consistent_hashing_ops,
 	&policy_manual_ops,
+	&policy_bucket_ops,
 };
 
 static uint64_t policy_rng[4];

@@ -7,6 +7,8 @@
  * pick is the expected-wait scorer of §2 with built-in defaults (every
  * dispatch credits it). Hash mode (--cache-index hash, §11.7): per model a
  * placement map of (boundary, prefix hash) -> up to 3 holders with a TTL.
+ * Event mode (§11.4): a request with tokens whose model's KV-event block
+ * index (kvindex.c) holds blocks goes where the engines' caches overlap it.
  * Every tree insert is journaled through persist.c.
  */
 #include <math.h>
@@ -22,6 +24,7 @@
 #include "shared/xmalloc.h"
 
 #include "broker.h"
+#include "kvindex.h"
 #include "scorer.h"
 #include "tree.h"
 
@@ -35,6 +38,9 @@ enum ca_branch {
 	CA_KV_PRESSURE_MIN_LOAD,
 	CA_NO_TREE_RANDOM,
 	CA_NO_HEALTHY_WORKERS,
+	CA_EVENT_MATCH, /* event mode, §11.4 */
+	CA_EVENT_SPILL,
+	CA_EVENT_NO_OVERLAP,
 	CA_NBRANCHES,
 	/* hash mode: logged, not counted (§11.9) */
 	CA_HASH_HIT,
@@ -115,16 +121,17 @@ static int ca_fallback(struct cache_aware *ca, struct worker *const *c,
     unsigned n, const Smg__RouteRequest *req, uint64_t now_ms);
 static void ca_credit(struct cache_aware *ca, struct worker *w,
     const Smg__RouteRequest *req, uint64_t now_ms);
-static bool ca_gated(const struct cache_aware *ca, uint32_t load,
-    double avg);
+static bool ca_gated(const struct cache_aware *ca, uint32_t load, double avg);
 static bool ca_kv_pressure(const struct cache_aware *ca,
     struct worker *const *c, unsigned n, uint64_t now_ms);
 static int ca_pick_holder(struct cache_aware *ca, struct worker *const *c,
-    const int *hp, unsigned nh, double matched, size_t input,
-    uint64_t now_ms);
+    const int *hp, unsigned nh, double matched, size_t input, uint64_t now_ms);
 static void ca_insert(struct cache_aware *ca, struct ca_model *cm,
     struct worker *w, const Smg__RouteRequest *req);
 static int ca_tree_select(struct cache_aware *ca, struct ca_model *cm,
+    struct worker *const *c, unsigned n, const Smg__RouteRequest *req,
+    double avg, uint64_t now_ms, enum ca_branch *b, double *rate);
+static int ca_event_select(struct cache_aware *ca, struct ca_model *cm,
     struct worker *const *c, unsigned n, const Smg__RouteRequest *req,
     double avg, uint64_t now_ms, enum ca_branch *b, double *rate);
 static int ca_hash_select(struct cache_aware *ca, struct ca_model *cm,
@@ -199,8 +206,8 @@ ca_create(struct policy *p)
 				memcpy(ca->ca_bounds, bs->bs_cache_boundaries,
 				    ca->ca_nbounds * sizeof(*ca->ca_bounds));
 			}
-			ca->ca_hash = bs->bs_cache_index_hash &&
-			    ca->ca_nbounds > 0;
+			ca->ca_hash =
+			    bs->bs_cache_index_hash && ca->ca_nbounds > 0;
 		}
 		/* §13: these come from the flags for every instance. */
 		if (bs->bs_block_size > 0)
@@ -217,8 +224,8 @@ ca_create(struct policy *p)
 	if (ca->ca_rel < 1.0)
 		ca->ca_rel = 1.0;
 	if (bs != NULL)
-		ca->ca_interval_ms = (uint64_t)bs->bs_load_monitor_interval *
-		    1000;
+		ca->ca_interval_ms =
+		    (uint64_t)bs->bs_load_monitor_interval * 1000;
 	ca->ca_scorer = scorer_new(NULL, policy_rand_below);
 	for (i = 0; i < CA_NBRANCHES; i++)
 		ca->ca_m_branch[i] = -2;
@@ -284,8 +291,8 @@ ca_model(struct cache_aware *ca, const char *name, bool create)
 	} else {
 		cm->cm_str = tree_new(TREE_STRING, ca->ca_max_size, 1);
 		cm->cm_tok = tree_new(TREE_TOKEN, ca->ca_max_size, ca->ca_bs);
-		/* Journal bound: chars as bytes, tokens as 4 bytes. */
-		persist_tree_budget(ca->ca_p->pl_br, ca->ca_max_size * 5);
+		/* The journal keeps up to twice this (persist.c). */
+		persist_tree_budget(ca->ca_p->pl_br, ca->ca_max_size);
 	}
 	cm->cm_m_chars = cm->cm_m_tokens = -2;
 	cm->cm_m_ten_str = cm->cm_m_ten_tok = cm->cm_m_place = -2;
@@ -380,6 +387,12 @@ ca_branch_name(enum ca_branch b)
 		return "no_tree_random";
 	case CA_NO_HEALTHY_WORKERS:
 		return "no_healthy_workers";
+	case CA_EVENT_MATCH:
+		return "event_match";
+	case CA_EVENT_SPILL:
+		return "event_spill";
+	case CA_EVENT_NO_OVERLAP:
+		return "event_no_overlap";
 	case CA_HASH_HIT:
 		return "hash_hit";
 	case CA_HASH_SPILL:
@@ -420,8 +433,7 @@ ca_gauges(struct cache_aware *ca, struct ca_model *cm)
 		if (cm->cm_m_place == -2)
 			cm->cm_m_place = server_series(br, METRICS_GAUGE,
 			    "smg_cache_placement_entries", "model=\"%s\"", m);
-		server_metric_set(br, cm->cm_m_place,
-		    (int64_t)cm->cm_place_n);
+		server_metric_set(br, cm->cm_m_place, (int64_t)cm->cm_place_n);
 		return;
 	}
 	if (cm->cm_m_chars == -2) {
@@ -429,9 +441,9 @@ ca_gauges(struct cache_aware *ca, struct ca_model *cm)
 		    "smg_cache_tree_chars", "model=\"%s\"", m);
 		cm->cm_m_tokens = server_series(br, METRICS_GAUGE,
 		    "smg_cache_tree_tokens", "model=\"%s\"", m);
-		cm->cm_m_ten_str = server_series(br, METRICS_GAUGE,
-		    "smg_cache_tree_tenants", "model=\"%s\",tree=\"string\"",
-		    m);
+		cm->cm_m_ten_str =
+		    server_series(br, METRICS_GAUGE, "smg_cache_tree_tenants",
+		        "model=\"%s\",tree=\"string\"", m);
 		cm->cm_m_ten_tok = server_series(br, METRICS_GAUGE,
 		    "smg_cache_tree_tenants", "model=\"%s\",tree=\"token\"", m);
 	}
@@ -446,8 +458,7 @@ ca_gauges(struct cache_aware *ca, struct ca_model *cm)
 /* ------------------------------------------------------------ helpers */
 
 static const struct worker_load *
-ca_report(const struct cache_aware *ca, const struct worker *w,
-    uint64_t now_ms)
+ca_report(const struct cache_aware *ca, const struct worker *w, uint64_t now_ms)
 {
 	const struct worker_load *l = &w->wk_load;
 
@@ -500,7 +511,8 @@ ca_credit(struct cache_aware *ca, struct worker *w,
 static bool
 ca_gated(const struct cache_aware *ca, uint32_t load, double avg)
 {
-	return (double)load > avg * ca->ca_rel && (double)load > avg + ca->ca_abs;
+	return (double)load > avg * ca->ca_rel &&
+	    (double)load > avg + ca->ca_abs;
 }
 
 /* §11.2 step 4. */
@@ -592,13 +604,13 @@ ca_pick_holder(struct cache_aware *ca, struct worker *const *c, const int *hp,
 			return hp[policy_rand_below(nh)];
 		total = 0;
 		for (i = 0; i < nh; i++)
-			total += exp(((score[i] - lo) / (hi - lo) - 1) /
-			    ca->ca_temp);
+			total += exp(
+			    ((score[i] - lo) / (hi - lo) - 1) / ca->ca_temp);
 		r = (double)policy_rand_below(1U << 30) / (double)(1U << 30) *
 		    total;
 		for (i = 0; i < nh; i++) {
-			w = exp(((score[i] - lo) / (hi - lo) - 1) /
-			    ca->ca_temp);
+			w = exp(
+			    ((score[i] - lo) / (hi - lo) - 1) / ca->ca_temp);
 			if (r < w)
 				return hp[i];
 			r -= w;
@@ -669,8 +681,8 @@ ca_tree_select(struct cache_aware *ca, struct ca_model *cm,
 		text = req->has_text && req->text != NULL ? req->text : "";
 		tree_match(cm->cm_str, text, strlen(text), &m);
 	}
-	*rate = m.tm_input > 0 ? (double)m.tm_matched / (double)m.tm_input
-			       : 0.0;
+	*rate =
+	    m.tm_input > 0 ? (double)m.tm_matched / (double)m.tm_input : 0.0;
 	if (*rate <= ca->ca_threshold) {
 		*b = CA_MIN_LOAD_FALLBACK;
 		idx = ca_fallback(ca, c, n, req, now_ms);
@@ -697,6 +709,39 @@ ca_tree_select(struct cache_aware *ca, struct ca_model *cm,
 		ca_credit(ca, c[idx], req, now_ms);
 	}
 	ca_insert(ca, cm, c[idx], req);
+	return idx;
+}
+
+/* ------------------------------------------------------------ event mode */
+
+/*
+ * §11.4: the engines' own caches as their KV events report them (the
+ * block index of kvindex.c). Nothing is inserted: the engines will report
+ * what they store.
+ */
+static int
+ca_event_select(struct cache_aware *ca, struct ca_model *cm,
+    struct worker *const *c, unsigned n, const Smg__RouteRequest *req,
+    double avg, uint64_t now_ms, enum ca_branch *b, double *rate)
+{
+	struct broker *br = ca->ca_p->pl_br;
+	uint32_t score, bs;
+	int idx;
+
+	idx = kvindex_select(br, cm->cm_name, c, n, ca->ca_load, req->tokens,
+	    req->n_tokens, ca->ca_bs, &score);
+	if (idx < 0) {
+		*b = CA_EVENT_NO_OVERLAP;
+		return ca_fallback(ca, c, n, req, now_ms);
+	}
+	bs = kvindex_block_size(kvindex_of(br), cm->cm_name);
+	*rate = (double)score * (bs ? bs : ca->ca_bs) / (double)req->n_tokens;
+	if (ca_gated(ca, ca->ca_load[idx], avg)) {
+		*b = CA_EVENT_SPILL;
+		return ca_fallback(ca, c, n, req, now_ms);
+	}
+	*b = CA_EVENT_MATCH;
+	ca_credit(ca, c[idx], req, now_ms);
 	return idx;
 }
 
@@ -732,8 +777,8 @@ ca_hash_keys(const struct cache_aware *ca, const uint32_t *tok, size_t ntok,
 		}
 		h = XXH3_64bits_digest(&st);
 		/* The map key binds the boundary to the prefix hash. */
-		keys[nk++] = h ^ (XXH3_64bits(&ca->ca_bounds[i],
-		                      sizeof(ca->ca_bounds[i])));
+		keys[nk++] = h ^
+		    (XXH3_64bits(&ca->ca_bounds[i], sizeof(ca->ca_bounds[i])));
 	}
 	/* Deepest first. */
 	for (i = 0; i < nk / 2; i++) {
@@ -781,8 +826,7 @@ ca_place_get(struct ca_model *cm, uint64_t key, bool create)
 
 static void
 ca_place_record(struct cache_aware *ca, struct ca_model *cm,
-    const uint64_t *keys, size_t nkeys, const struct worker *w,
-    uint64_t now_ms)
+    const uint64_t *keys, size_t nkeys, const struct worker *w, uint64_t now_ms)
 {
 	struct ca_place *pl;
 	unsigned i, j, stalest;
@@ -829,8 +873,9 @@ ca_hash_select(struct cache_aware *ca, struct ca_model *cm,
 
 	if (!req->has_tokens || req->n_tokens == 0 || ca->ca_nbounds == 0 ||
 	    req->n_tokens < ca->ca_bounds[0]) {
-		*b = req->has_tokens && req->n_tokens > 0 ? CA_SHORT_REQUEST
-		                                          : CA_MIN_LOAD_FALLBACK;
+		*b = req->has_tokens && req->n_tokens > 0
+		    ? CA_SHORT_REQUEST
+		    : CA_MIN_LOAD_FALLBACK;
 		return ca_fallback(ca, c, n, req, now_ms);
 	}
 	nk = ca_hash_keys(ca, req->tokens, req->n_tokens, keys);
@@ -909,6 +954,9 @@ ca_select(struct policy *p, struct worker *const *c, unsigned n,
 		b = CA_KV_PRESSURE_MIN_LOAD;
 		idx = ca_fallback(ca, c, n, req, now);
 		ca_insert(ca, cm, c[idx], req);
+	} else if (br != NULL && req->has_tokens && req->n_tokens > 0 &&
+	    kvindex_active(br, cm->cm_name)) {
+		idx = ca_event_select(ca, cm, c, n, req, avg, now, &b, &rate);
 	} else {
 		for (i = 0; i < n; i++)
 			if (c[i]->wk_slot < SHM_MAX_WORKERS)
@@ -939,14 +987,15 @@ ca_sweep(struct policy *p, uint64_t now_ms)
 	unsigned i, j, k;
 	size_t b, evicted;
 
-	if (ca->ca_every_ms == 0 || now_ms - ca->ca_last_sweep_ms <
-	        ca->ca_every_ms)
+	if (ca->ca_every_ms == 0 ||
+	    now_ms - ca->ca_last_sweep_ms < ca->ca_every_ms)
 		return;
 	ca->ca_last_sweep_ms = now_ms;
 	for (i = 0; i < ca->ca_nmodels; i++) {
 		cm = ca->ca_models[i];
 		if (!ca->ca_hash) {
-			evicted = tree_evict(cm->cm_str) + tree_evict(cm->cm_tok);
+			evicted =
+			    tree_evict(cm->cm_str) + tree_evict(cm->cm_tok);
 			if (evicted > 0)
 				log_info("%s: model %s: evicted %zu prefixes",
 				    __func__, cm->cm_name, evicted);

@@ -171,9 +171,9 @@ branch(struct fx *f, const char *family, const char *b)
 #define CA "smg_cache_aware_policy_branch_total"
 
 static const char *long_a = "the first conversation with a long shared "
-			    "system prompt that many requests repeat";
+                            "system prompt that many requests repeat";
 static const char *long_b = "a second, unrelated conversation that shares "
-			    "nothing with the first one at all";
+                            "nothing with the first one at all";
 
 static void
 test_tree_match_and_fallback(void **state)
@@ -199,8 +199,9 @@ test_tree_match_and_fallback(void **state)
 	assert_int_equal(branch(f, CA, "tree_match"), 5);
 	/* Below the threshold (short shared part): fallback again. */
 	load(f, 1, 3);
-	assert_int_not_equal(pick_text(f, "the first zzzzzzzzzzzzzzzzzzzzzzzzz"
-					  "zzzzzzzzzzzzzzzzzzzzzz"),
+	assert_int_not_equal(pick_text(f,
+	                         "the first zzzzzzzzzzzzzzzzzzzzzzzzz"
+	                         "zzzzzzzzzzzzzzzzzzzzzz"),
 	    1);
 	assert_int_equal(branch(f, CA, "tree_match"), 5);
 	assert_int_equal(branch(f, CA, "min_load_fallback"), 2);
@@ -337,15 +338,17 @@ test_eviction_sweep_and_gauges(void **state)
 	policy_sweep_all(f->br, shm_now_ms() + 10000);
 	assert_int_equal(metrics_render(f->br->br_shm, &out, &len), 0);
 	assert_non_null(strstr(out, "smg_cache_tree_chars{model=\"unknown\"}"));
-	assert_non_null(strstr(out, "smg_cache_tree_tenants{model=\"unknown\","
-				    "tree=\"string\"} 3"));
+	assert_non_null(strstr(out,
+	    "smg_cache_tree_tenants{model=\"unknown\","
+	    "tree=\"string\"} 3"));
 	{
-		const char *p = strstr(out,
-		    "smg_cache_tree_chars{model=\"unknown\"} ");
+		const char *p =
+		    strstr(out, "smg_cache_tree_chars{model=\"unknown\"} ");
 
-		assert_true(strtol(p + strlen("smg_cache_tree_chars{model="
-					      "\"unknown\"} "),
-				NULL, 10) <= 100);
+		assert_true(strtol(p +
+		                    strlen("smg_cache_tree_chars{model="
+		                           "\"unknown\"} "),
+		                NULL, 10) <= 100);
 	}
 	free(out);
 	fx_free(f);

@@ -23,8 +23,8 @@ struct chash {
 
 static void *chash_create(struct policy *p);
 static void chash_free(void *state);
-static int chash_select(struct policy *p, struct worker *const *c,
-    unsigned n, const Smg__RouteRequest *req);
+static int chash_select(struct policy *p, struct worker *const *c, unsigned n,
+    const Smg__RouteRequest *req);
 static void chash_changed(struct policy *p, struct worker *w);
 
 const struct policy_ops policy_consistent_hashing_ops = {
@@ -106,11 +106,11 @@ chash_select(struct policy *p, struct worker *const *c, unsigned n,
 	rings_unmark(c, n);
 	if ((unsigned)pick.rcp_branch < CH_NBRANCHES) {
 		if (ch->ch_m_branch[pick.rcp_branch] == -2)
-			ch->ch_m_branch[pick.rcp_branch] = server_series(br,
-			    METRICS_COUNTER,
-			    "smg_consistent_hashing_policy_branch_total",
-			    "branch=\"%s\"",
-			    ring_ch_branch_name(pick.rcp_branch));
+			ch->ch_m_branch[pick.rcp_branch] =
+			    server_series(br, METRICS_COUNTER,
+			        "smg_consistent_hashing_policy_branch_total",
+			        "branch=\"%s\"",
+			        ring_ch_branch_name(pick.rcp_branch));
 		server_metric_add(br, ch->ch_m_branch[pick.rcp_branch], 1);
 	}
 	if (br->br_debug)

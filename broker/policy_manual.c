@@ -29,8 +29,8 @@ struct manual {
 
 static void *manual_create(struct policy *p);
 static void manual_free(void *state);
-static int manual_select(struct policy *p, struct worker *const *c,
-    unsigned n, const Smg__RouteRequest *req);
+static int manual_select(struct policy *p, struct worker *const *c, unsigned n,
+    const Smg__RouteRequest *req);
 static void manual_sweep(struct policy *p, uint64_t now_ms);
 static int manual_pick(struct broker *br, struct manual *mn,
     struct worker *const *c, unsigned n);

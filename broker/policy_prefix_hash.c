@@ -26,8 +26,8 @@ struct phash {
 
 static void *phash_create(struct policy *p);
 static void phash_free(void *state);
-static int phash_select(struct policy *p, struct worker *const *c,
-    unsigned n, const Smg__RouteRequest *req);
+static int phash_select(struct policy *p, struct worker *const *c, unsigned n,
+    const Smg__RouteRequest *req);
 static void phash_changed(struct policy *p, struct worker *w);
 
 const struct policy_ops policy_prefix_hash_ops = {
@@ -134,11 +134,11 @@ phash_select(struct policy *p, struct worker *const *c, unsigned n,
 	rings_unmark(c, n);
 	if ((unsigned)pick.rpp_branch < PH_NBRANCHES) {
 		if (ph->ph_m_branch[pick.rpp_branch] == -2)
-			ph->ph_m_branch[pick.rpp_branch] = server_series(br,
-			    METRICS_COUNTER,
-			    "smg_prefix_hash_policy_branch_total",
-			    "branch=\"%s\"",
-			    ring_prefix_branch_name(pick.rpp_branch));
+			ph->ph_m_branch[pick.rpp_branch] =
+			    server_series(br, METRICS_COUNTER,
+			        "smg_prefix_hash_policy_branch_total",
+			        "branch=\"%s\"",
+			        ring_prefix_branch_name(pick.rpp_branch));
 		server_metric_add(br, ph->ph_m_branch[pick.rpp_branch], 1);
 	}
 	if (br->br_debug)
@@ -147,7 +147,7 @@ phash_select(struct policy *p, struct worker *const *c, unsigned n,
 		    __func__, pick.rpp_level,
 		    pick.rpp_level >= 0
 		        ? (levels[pick.rpp_level].rl_boundary ? "boundary"
-		                                               : "fixed")
+		                                              : "fixed")
 		        : "-",
 		    pick.rpp_level >= 0
 		        ? (unsigned long long)levels[pick.rpp_level].rl_depth

@@ -105,8 +105,8 @@ rings_for(struct rings *rs, struct broker *br, const char *model)
 		}
 	}
 	if (e == NULL) {
-		rs->rs_v = xreallocarray(rs->rs_v, rs->rs_n + 1,
-		    sizeof(*rs->rs_v));
+		rs->rs_v =
+		    xreallocarray(rs->rs_v, rs->rs_n + 1, sizeof(*rs->rs_v));
 		e = &rs->rs_v[rs->rs_n++];
 		e->re_model = me != NULL ? xstrdup(me->me_name) : NULL;
 		e->re_ring = NULL;

@@ -230,15 +230,16 @@ route_outcome(struct broker *br, const Smg__Outcome *o)
 	else {
 		/* The frontend names the key without the leg prefix. */
 		const char *prefix =
-		    w->wk_type == SMG__WORKER_TYPE__WORKER_TYPE_PREFILL ? "prefill:"
+		    w->wk_type == SMG__WORKER_TYPE__WORKER_TYPE_PREFILL
+		    ? "prefill:"
 		    : w->wk_type == SMG__WORKER_TYPE__WORKER_TYPE_DECODE
 		    ? "decode:"
 		    : w->wk_type == SMG__WORKER_TYPE__WORKER_TYPE_ENCODE
 		    ? "encode:"
 		    : "";
 		char key[STICKY_KEY_MAX];
-		int k = snprintf(key, sizeof(key), "%s%s", prefix,
-		    o->sticky_key);
+		int k =
+		    snprintf(key, sizeof(key), "%s%s", prefix, o->sticky_key);
 
 		if (k > 0 && (size_t)k < sizeof(key))
 			sticky_finished(br, key, w);

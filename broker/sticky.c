@@ -20,11 +20,11 @@
 
 #include "broker.h"
 
-#define STICKY_CLAMP_MS	   2000
-#define STICKY_RESAVE_MS   60000
-#define STICKY_SCOPE	   "sticky"
-#define STICKY_KEY_CAP	   128
-#define STICKY_QUEUE	   256
+#define STICKY_CLAMP_MS  2000
+#define STICKY_RESAVE_MS 60000
+#define STICKY_SCOPE     "sticky"
+#define STICKY_KEY_CAP   128
+#define STICKY_QUEUE     256
 
 struct sticky_ent {
 	char *se_key;
@@ -71,8 +71,8 @@ struct sticky_state {
 
 static void sticky_map_grow(struct sticky_map *m);
 static void sticky_pin_clear(struct sticky_pin *p);
-static struct sticky_fl **sticky_fl_find(struct sticky_state *ss,
-    uint64_t h, const struct worker *w);
+static struct sticky_fl **sticky_fl_find(struct sticky_state *ss, uint64_t h,
+    const struct worker *w);
 static uint32_t sticky_fl_effective(struct broker *br, struct sticky_fl **pp,
     struct worker *w, uint64_t now_ms);
 static void sticky_fl_add(struct broker *br, uint64_t h, struct worker *w,
@@ -368,9 +368,9 @@ sticky_key(struct broker *br, const Smg__RouteRequest *req, char *buf,
 		*source = "rid";
 	} else if (req->routing_key != NULL && req->routing_key[0] != '\0' &&
 	    strlen(req->routing_key) <= STICKY_KEY_CAP) {
-		key = over ? sticky_strip(req->routing_key, stripped,
-		                 sizeof(stripped))
-		           : req->routing_key;
+		key = over
+		    ? sticky_strip(req->routing_key, stripped, sizeof(stripped))
+		    : req->routing_key;
 		*source = "header";
 	}
 	if (key == NULL)
@@ -399,8 +399,8 @@ sticky_fl_find(struct sticky_state *ss, uint64_t h, const struct worker *w)
 
 /* The count of *pp, clamped when stale; frees an entry that reaches 0. */
 static uint32_t
-sticky_fl_effective(struct broker *br, struct sticky_fl **pp,
-    struct worker *w, uint64_t now_ms)
+sticky_fl_effective(struct broker *br, struct sticky_fl **pp, struct worker *w,
+    uint64_t now_ms)
 {
 	struct sticky_state *ss = br->br_sticky;
 	struct sticky_fl *f = *pp;
@@ -691,7 +691,8 @@ sticky_select(struct broker *br, struct policy *p, struct worker *const *c,
 	} else if (pos >= 0) {
 		idx = sticky_pick(br, p, mode, c, n, req);
 		if (idx >= 0 && idx != pos &&
-		    sticky_inflight_get(br, key, c[idx]) < STICKY_INFLIGHT_CAP) {
+		    sticky_inflight_get(br, key, c[idx]) <
+		        STICKY_INFLIGHT_CAP) {
 			sticky_pin_front(pin, c[idx]->wk_url);
 			sticky_save(br, key, pin);
 		}
@@ -846,8 +847,8 @@ sticky_sweep(struct broker *br, uint64_t now_ms)
 	if (now_ms - ss->ss_last_sweep_ms < every)
 		return;
 	ss->ss_last_sweep_ms = now_ms;
-	n = sticky_map_evict(ss->ss_map, sticky_wall_ms(), idle,
-	    sticky_evicted, br);
+	n = sticky_map_evict(ss->ss_map, sticky_wall_ms(), idle, sticky_evicted,
+	    br);
 	if (n > 0)
 		log_info("%s: evicted %zu idle sticky keys", __func__, n);
 }

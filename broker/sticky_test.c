@@ -135,7 +135,6 @@ branch(struct fx *f, const char *family, const char *b)
 	return v;
 }
 
-
 #define MANUAL "smg_manual_policy_branch_total"
 
 static int
@@ -223,9 +222,9 @@ test_manual_branches(void **state)
 	/* It recovers: first in the list again. */
 	f->c[1]->wk_status = SHM_WORKER_READY;
 	assert_int_equal(route(f, "alice", NULL, 0), 1);
-	/* PD legs pin independently. */
-	assert_non_null(sticky_map_get(policy_manual_map(f->br->br_default),
-	    "alice"));
+	/* The map holds the bare key (single leg). */
+	assert_non_null(
+	    sticky_map_get(policy_manual_map(f->br->br_default), "alice"));
 	fx_free(f);
 }
 
@@ -345,8 +344,7 @@ test_consistent_hashing(void **state)
 		for (i = 0; i < 3; i++)
 			if ((int)i != a)
 				c2[k++] = f->c[i];
-		assert_true(
-		    policy_select(f->br->br_default, c2, 2, &rq) >= 0);
+		assert_true(policy_select(f->br->br_default, c2, 2, &rq) >= 0);
 	}
 	rq.routing_key = (char *)"";
 	rq.target_worker = (char *)"2";
@@ -388,8 +386,7 @@ test_prefix_hash(void **state)
 	assert_int_equal(branch(f, fam, "ring_hit"), 2);
 	/* The target overloaded (L = 31+, 3 workers, abs 10): the walk. */
 	load(f, (unsigned)a, 30);
-	assert_int_not_equal(policy_select(f->br->br_default, f->c, 3, &rq),
-	    a);
+	assert_int_not_equal(policy_select(f->br->br_default, f->c, 3, &rq), a);
 	assert_int_equal(branch(f, fam, "load_balance_walk"), 1);
 	fx_free(f);
 }
@@ -399,7 +396,7 @@ test_persist_across_restart(void **state)
 {
 	struct fx *f = fx_new("cache_aware");
 	const char *text = "a conversation whose prefix must survive a crash "
-			   "of the broker process";
+	                   "of the broker process";
 	char q[160];
 	int holder, pin;
 
@@ -415,8 +412,8 @@ test_persist_across_restart(void **state)
 
 		rq.text = (char *)text;
 		rq.has_text = true;
-		assert_int_equal(
-		    policy_select(f->br->br_default, f->c, 3, &rq), 0);
+		assert_int_equal(policy_select(f->br->br_default, f->c, 3, &rq),
+		    0);
 	}
 	pin = route(f, "stay-here", NULL, 0);
 	assert_true(store_flush(f->br->br_store) == 0);
@@ -434,11 +431,36 @@ test_persist_across_restart(void **state)
 
 		rq.text = q;
 		rq.has_text = true;
-		assert_int_equal(
-		    policy_select(f->br->br_default, f->c, 3, &rq), 0);
+		assert_int_equal(policy_select(f->br->br_default, f->c, 3, &rq),
+		    0);
 	}
 	assert_int_equal(route(f, "stay-here", NULL, 0), pin);
 	assert_int_equal(branch(f, MANUAL, "occupied_hit"), 1);
+	fx_free(f);
+}
+
+static void
+test_write_behind_bound(void **state)
+{
+	struct fx *f = fx_new("round_robin");
+	struct store *st;
+	uint64_t t0, txns;
+
+	(void)state;
+	fx_start(f);
+	st = f->br->br_store;
+	txns = store_txn_count(st);
+	t0 = shm_now_ms();
+	persist_assign_del(f->br, "sticky", "k");
+	/* Routing state waits for the batch window ... */
+	assert_false(store_flush_due(st, t0));
+	assert_true(store_flush_due(st, t0 + STORE_BEHIND_MS + 5));
+	assert_int_equal(store_flush(st), 0);
+	assert_int_equal(store_txn_count(st), txns + 1);
+	assert_false(store_flush_due(st, t0 + 1000));
+	/* ... a worker record does not. */
+	store_put(st, "http://z:9", "{}");
+	assert_true(store_flush_due(st, t0));
 	fx_free(f);
 }
 
@@ -454,6 +476,7 @@ main(void)
 		cmocka_unit_test(test_consistent_hashing),
 		cmocka_unit_test(test_prefix_hash),
 		cmocka_unit_test(test_persist_across_restart),
+		cmocka_unit_test(test_write_behind_bound),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -55,8 +55,8 @@ static const char *const store_db_names[STORE_DB_COUNT] = {
 	"journal",
 };
 
-static void store_queue(struct store *st, int db, const void *key,
-    size_t klen, const void *value, size_t vlen);
+static void store_queue(struct store *st, int db, const void *key, size_t klen,
+    const void *value, size_t vlen);
 static void store_clear_ops(struct store *st);
 static int store_mkdir(const char *dir);
 
@@ -235,7 +235,9 @@ store_flush_due(const struct store *st, uint64_t now_ms)
 {
 	if (st == NULL || st->st_nops == 0)
 		return false;
-	return st->st_urgent || now_ms - st->st_first_ms >= STORE_BEHIND_MS ||
+	return st->st_urgent ||
+	    (now_ms >= st->st_first_ms &&
+	        now_ms - st->st_first_ms >= STORE_BEHIND_MS) ||
 	    st->st_queued_bytes >= STORE_BATCH_BYTES;
 }
 

@@ -10,6 +10,9 @@
  * lingers: its write side is shut and what the client still sends (the
  * rest of a refused body) is read and dropped for a moment, so the client
  * reads the answer instead of a reset.
+ * Output appended with conn_flush_later is written once per loop turn
+ * (an ev_prepare), so a response relayed in many small pieces costs one
+ * write per connection per turn instead of one per piece.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -56,18 +59,25 @@ struct conn {
 	bool c_keep_alive;
 	bool c_body_streaming; /* the busy request's body is still arriving */
 	bool c_body_paused; /* ... and the handler cannot take more now */
+	bool c_flush_queued; /* on conn_dirty, written before the loop sleeps */
 	unsigned c_http_minor;
 	const struct conn_handler *c_h;
 	void *c_harg;
 	TAILQ_ENTRY(conn) c_link;
+	TAILQ_ENTRY(conn) c_flush_link;
 };
 
 static TAILQ_HEAD(, conn) conns = TAILQ_HEAD_INITIALIZER(conns);
+static TAILQ_HEAD(, conn) conn_dirty = TAILQ_HEAD_INITIALIZER(conn_dirty);
+static ev_prepare conn_flush_prep;
+static bool conn_flush_prep_init;
 
 static void conn_read_cb(struct ev_loop *, ev_io *, int);
 static void conn_write_cb(struct ev_loop *, ev_io *, int);
 static void conn_timer_cb(struct ev_loop *, ev_timer *, int);
 static void conn_reap_cb(struct ev_loop *, ev_timer *, int);
+static void conn_flush_prep_cb(struct ev_loop *, ev_prepare *, int);
+static void conn_unqueue(struct conn *);
 static void conn_kill(struct conn *);
 static void conn_linger(struct conn *);
 static void conn_process(struct conn *);
@@ -149,6 +159,7 @@ conn_kill(struct conn *c)
 	if (c->c_dead)
 		return;
 	c->c_dead = true;
+	conn_unqueue(c);
 	ev_io_stop(fe->fe_loop, &c->c_rio);
 	ev_io_stop(fe->fe_loop, &c->c_wio);
 	ev_timer_stop(fe->fe_loop, &c->c_timer);
@@ -272,6 +283,7 @@ conn_write(struct conn *c)
 void
 conn_flush(struct conn *c)
 {
+	conn_unqueue(c);
 	if (c->c_dead)
 		return;
 	if (c->c_out.ho_failed) {
@@ -287,6 +299,46 @@ conn_flush(struct conn *c)
 		c->c_want_drain = true;
 	if (conn_pending(c) == 0 && c->c_close_after && c->c_state != CONN_BUSY)
 		conn_linger(c);
+}
+
+void
+conn_flush_later(struct conn *c)
+{
+	if (c->c_dead || c->c_flush_queued)
+		return;
+	if (!conn_flush_prep_init) {
+		ev_prepare_init(&conn_flush_prep, conn_flush_prep_cb);
+		conn_flush_prep_init = true;
+	}
+	c->c_flush_queued = true;
+	TAILQ_INSERT_TAIL(&conn_dirty, c, c_flush_link);
+	/* Only active while there is work, so it never keeps the loop up. */
+	if (!ev_is_active(&conn_flush_prep))
+		ev_prepare_start(fe->fe_loop, &conn_flush_prep);
+}
+
+static void
+conn_unqueue(struct conn *c)
+{
+	if (!c->c_flush_queued)
+		return;
+	c->c_flush_queued = false;
+	TAILQ_REMOVE(&conn_dirty, c, c_flush_link);
+	if (TAILQ_EMPTY(&conn_dirty))
+		ev_prepare_stop(fe->fe_loop, &conn_flush_prep);
+}
+
+/* The loop is about to sleep: one write per connection with output. */
+static void
+conn_flush_prep_cb(struct ev_loop *loop, ev_prepare *w, int revents)
+{
+	struct conn *c;
+
+	(void)loop;
+	(void)w;
+	(void)revents;
+	while ((c = TAILQ_FIRST(&conn_dirty)) != NULL)
+		conn_flush(c);
 }
 
 /* Everything is written and the connection is to close: shut the write

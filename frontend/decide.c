@@ -1,10 +1,14 @@
 /*
- * decide.c: the frontend's side of the broker conversation. Every routing
- * question that becomes ready during one loop turn travels in one
- * RouteBatch (flushed from an ev_prepare watcher, with the pending
- * outcomes piggy-backed); the DecisionBatch answers them in order. When
+ * decide.c: the frontend's side of the broker conversation. Routing
+ * questions travel in RouteBatches (flushed from an ev_prepare watcher,
+ * with the pending outcomes piggy-backed); the DecisionBatch answers them
+ * in order. One batch is in flight at a time, on a socket whose poll fds
+ * the loop watches (IPC_CLIENT_REQ_ONE): questions that become ready while
+ * it is out wait for its answer and then leave together, so batches grow
+ * with the load and a question waits at most one extra round trip. When
  * the broker does not answer in time the questions are answered by the
  * local fallback, and until a ping succeeds again every question is.
+ * Pings and admin requests use the process's context client (fe_broker).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,6 +39,7 @@ static Smg__Outcome *decide_outcomes;
 static size_t decide_noutcomes;
 static bool decide_down; /* broker unreachable: decide locally */
 static bool decide_ping_pending;
+static struct ipc_client *decide_client; /* decision batches */
 
 static void decide_prepare_cb(struct ev_loop *, ev_prepare *, int);
 static void decide_outcome_cb(struct ev_loop *, ev_timer *, int);
@@ -53,6 +58,10 @@ decide_init(void)
 	decide_outcomes = calloc(DECIDE_MAX_OUTCOMES, sizeof(Smg__Outcome));
 	if (decide_outcomes == NULL)
 		fatal("%s: calloc", __func__);
+	decide_client = ipc_client_new(fe->fe_loop, fe->fe_broker_url,
+	    IPC_CLIENT_REQ_ONE, 1);
+	if (decide_client == NULL)
+		fatalx("%s: cannot create the decision client", __func__);
 	ev_prepare_init(&decide_prep, decide_prepare_cb);
 	ev_prepare_start(fe->fe_loop, &decide_prep);
 	ev_timer_init(&decide_outcome_timer, decide_outcome_cb,
@@ -67,6 +76,8 @@ decide_shutdown(void)
 	ev_prepare_stop(fe->fe_loop, &decide_prep);
 	ev_timer_stop(fe->fe_loop, &decide_outcome_timer);
 	ev_timer_stop(fe->fe_loop, &decide_ping_timer);
+	ipc_client_free(decide_client);
+	decide_client = NULL;
 	free(decide_outcomes);
 	decide_outcomes = NULL;
 	decide_noutcomes = 0;
@@ -127,7 +138,9 @@ decide_prepare_cb(struct ev_loop *loop, ev_prepare *w, int revents)
 	(void)loop;
 	(void)w;
 	(void)revents;
-	if (decide_nqueued > 0)
+	/* While a batch is out, the next one waits for its answer. */
+	if (decide_nqueued > 0 &&
+	    (decide_down || ipc_client_inflight(decide_client) == 0))
 		decide_flush();
 }
 
@@ -141,6 +154,11 @@ decide_outcome_cb(struct ev_loop *loop, ev_timer *w, int revents)
 	(void)revents;
 	if (decide_noutcomes == 0 || decide_down)
 		return;
+	if (ipc_client_inflight(decide_client) > 0) {
+		/* They ride with the next batch, or try again later. */
+		ev_timer_start(fe->fe_loop, &decide_outcome_timer);
+		return;
+	}
 	if ((b = calloc(1, sizeof(*b))) == NULL)
 		return;
 	if (decide_send(b, NULL, 0) == -1)
@@ -173,8 +191,9 @@ decide_local(struct decide_item *it)
 	struct decision d;
 	const char *model = it->di_in->ei_model;
 
-	fallback_select(fe->fe_shm, fe->fe_cf, model, 0, it->di_exclude,
-	    it->di_nexclude, &d);
+	/* A leg's worker type has the leg's number (ipc.proto). */
+	fallback_select(fe->fe_shm, fe->fe_cf, model, it->di_leg,
+	    it->di_exclude, it->di_nexclude, &d);
 	stats_add("smg_broker_fallback_decisions_total", "", 1);
 	it->di_cb(it->di_arg, &d);
 }
@@ -207,7 +226,7 @@ decide_send(struct decide_batch *b, struct decide_item **items, size_t n)
 		smg__route_request__init(&rr[i]);
 		rr[i].id = i;
 		rr[i].endpoint = (Smg__Endpoint)in->ei_endpoint;
-		rr[i].leg = SMG__LEG__LEG_SINGLE;
+		rr[i].leg = (Smg__Leg)items[i]->di_leg;
 		rr[i].model = in->ei_model != NULL ? in->ei_model : "";
 		if (in->ei_has_text && in->ei_text != NULL) {
 			rr[i].text = in->ei_text;
@@ -247,8 +266,9 @@ decide_send(struct decide_batch *b, struct decide_item **items, size_t n)
 	m.route_batch = &rb;
 	if ((buf = ipc_pack_frontend(&m, &len)) == NULL)
 		goto out;
-	b->db_sent = ev_now(fe->fe_loop);
-	if (ipc_client_send(fe->fe_broker, buf, len, FE_BROKER_TIMEOUT_MS,
+	/* ev_time: ev_now is the start of this loop turn, not the send. */
+	b->db_sent = ev_time();
+	if (ipc_client_send(decide_client, buf, len, FE_BROKER_TIMEOUT_MS,
 	        decide_reply_cb, b) == -1)
 		goto out;
 	decide_noutcomes = 0;

@@ -113,6 +113,12 @@ void conn_set_handler(struct conn *c, const struct conn_handler *h, void *arg);
 /* The output buffer; append the response, then conn_flush. */
 struct http_out *conn_out(struct conn *c);
 void conn_flush(struct conn *c);
+/*
+ * Like conn_flush, but the write happens once, before the loop next
+ * sleeps, for everything appended until then (a response relayed piece by
+ * piece). conn_pending counts the bytes not yet written either way.
+ */
+void conn_flush_later(struct conn *c);
 /* Response bytes not yet written to the socket. */
 size_t conn_pending(const struct conn *c);
 /* Whether the response being written may keep the connection open. */
@@ -254,6 +260,7 @@ typedef void (*decide_cb)(void *arg, const struct decision *d);
 /* One routing question; embedded in its requester. */
 struct decide_item {
 	const struct extract_inputs *di_in;
+	unsigned di_leg; /* Smg__Leg; 0 (LEG_SINGLE) outside PD */
 	unsigned di_attempt;
 	const uint32_t *di_exclude;
 	size_t di_nexclude;
@@ -313,6 +320,40 @@ bool proxy_stream_wanted(const struct http_request *hr);
 /* Relays method+path of hr to one given worker (no retries). */
 void proxy_fixed(struct conn *c, const struct http_request *hr,
     const struct shm_worker *w, unsigned slot, const char *request_id);
+
+/* ---------------------------------------------------------- pd.c */
+
+/* Whether the gateway runs in PD or EPD mode (--pd/--epd-disaggregation). */
+bool pd_enabled(void);
+/*
+ * The PD/EPD inference path of gateway.md §11 for a complete request on
+ * route ep: one decision per leg in one batch, the bootstrap fields added,
+ * every leg sent at once, the decode response relayed once the other legs
+ * answered 2xx; a failing leg aborts the others; retries wrap the whole.
+ */
+void pd_start(struct conn *c, const struct http_request *hr,
+    enum extract_endpoint ep, const char *request_id);
+/*
+ * GET /health_generate in PD/EPD mode: a prefill/decode pair chosen by the
+ * leg policies, both probed in parallel within --health-check-timeout-secs;
+ * 200 when both answer 2xx, else 503 health_generate_failed (no pair: 503
+ * no_healthy_worker_pair).
+ */
+void pd_health_generate(struct conn *c, const struct http_request *hr,
+    const char *request_id);
+/* The host of a worker URL (no scheme, port, path or DP suffix); -1. */
+int pd_bootstrap_host(const char *url, char *out, size_t len);
+/* A random bootstrap room in [0, 2^63 - 1]. */
+uint64_t pd_room(void);
+/*
+ * Sets <prefix>bootstrap_host (string), <prefix>bootstrap_port (integer,
+ * null when port < 0) and, when rooms is not NULL, <prefix>bootstrap_room
+ * (exact integers) in body; with batch each is an array of n entries
+ * (rooms[0..n)), else single values (rooms[0]). Returns 0, or -1 (body not
+ * an object, n 0, out of memory).
+ */
+int pd_inject(cJSON *body, const char *host, long port, const uint64_t *rooms,
+    unsigned n, bool batch, const char *prefix);
 
 /* ---------------------------------------------------------- promload.c */
 

@@ -283,6 +283,10 @@ local_route(struct conn *c, const struct http_request *hr,
 		local_models(c, hr, id);
 		return;
 	}
+	if (get && strcmp(path, "/health_generate") == 0 && pd_enabled()) {
+		pd_health_generate(c, hr, id);
+		return;
+	}
 	if (get &&
 	    (strcmp(path, "/get_model_info") == 0 ||
 	        strcmp(path, "/get_server_info") == 0 ||
@@ -301,7 +305,10 @@ local_route(struct conn *c, const struct http_request *hr,
 			    "Invalid or missing API key", id);
 			return;
 		}
-		proxy_start(c, hr, ep, id);
+		if (pd_enabled())
+			pd_start(c, hr, ep, id);
+		else
+			proxy_start(c, hr, ep, id);
 		return;
 	}
 	if ((post && strcmp(path, "/flush_cache") == 0) ||

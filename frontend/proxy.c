@@ -514,7 +514,8 @@ proxy_on_head(void *arg, int status, const struct upstream_header *h, size_t n)
 	    rq->rq_streaming && status < 300, rq->rq_chunked, rq->rq_id,
 	    rq->rq_fixed ? NULL : rq->rq_d.dc_url, conn_keep_alive(c));
 	rq->rq_head_sent = true;
-	conn_flush(c);
+	/* Goes out with the first body bytes (or the whole body). */
+	conn_flush_later(c);
 }
 
 static void
@@ -535,7 +536,15 @@ proxy_on_body(void *arg, const char *data, size_t len)
 		http_out_append(o, "\r\n", 2);
 	} else
 		http_out_append(o, data, len);
-	conn_flush(c);
+	/*
+	 * One write per loop turn for all the pieces of an upstream read;
+	 * past the high mark write now, so that a pause always has a
+	 * pending write whose completion resumes it (ch_drained).
+	 */
+	if (conn_pending(c) > FE_OUT_HIGH)
+		conn_flush(c);
+	else
+		conn_flush_later(c);
 	if (!rq->rq_paused && conn_pending(c) > FE_OUT_HIGH &&
 	    rq->rq_up != NULL) {
 		rq->rq_paused = true;

@@ -21,14 +21,13 @@
 #include "shared/log.h"
 
 #define KV_DEFAULT_ENDPOINT "tcp://*:5557"
-#define KV_DRAIN_MAX	    256 /* messages per wake-up, then yield */
-#define KV_RCVHWM	    10000
+#define KV_DRAIN_MAX        256 /* messages per wake-up, then yield */
+#define KV_RCVHWM           10000
 #define KV_PROBE_RETRY_MS   10000
-#define KV_TIMEOUT_SECS	    5.0
-#define KV_SEQ_LEN	    8
+#define KV_TIMEOUT_SECS     5.0
+#define KV_SEQ_LEN          8
 
-static const msgpack_object *kv_map_get(const msgpack_object *,
-    const char *);
+static const msgpack_object *kv_map_get(const msgpack_object *, const char *);
 static bool kv_str_is(const msgpack_object *, const char *);
 static int kv_hash(const msgpack_object *, int64_t *);
 static int kv_hashes(const msgpack_object *, int64_t **, size_t *);
@@ -150,7 +149,7 @@ static int
 kv_event(const msgpack_object *o, Smg__KvEvent **out)
 {
 	const msgpack_object *tag, *hashes, *parent = NULL, *tokens = NULL,
-				       *bsize = NULL;
+	                                    *bsize = NULL;
 	const msgpack_object *f = NULL;
 	Smg__KvEvent *e;
 	uint32_t i, nf = 0;
@@ -176,13 +175,13 @@ kv_event(const msgpack_object *o, Smg__KvEvent **out)
 		Smg__KvBlocksStored *s;
 
 		hashes = map ? kv_map_get(o, "block_hashes")
-			     : (nf > 1 ? &f[1] : NULL);
+		             : (nf > 1 ? &f[1] : NULL);
 		parent = map ? kv_map_get(o, "parent_block_hash")
-			     : (nf > 2 ? &f[2] : NULL);
-		tokens = map ? kv_map_get(o, "token_ids")
-			     : (nf > 3 ? &f[3] : NULL);
-		bsize = map ? kv_map_get(o, "block_size")
-			    : (nf > 4 ? &f[4] : NULL);
+		             : (nf > 2 ? &f[2] : NULL);
+		tokens =
+		    map ? kv_map_get(o, "token_ids") : (nf > 3 ? &f[3] : NULL);
+		bsize =
+		    map ? kv_map_get(o, "block_size") : (nf > 4 ? &f[4] : NULL);
 		if ((s = calloc(1, sizeof(*s))) == NULL)
 			goto fail;
 		smg__kv_blocks_stored__init(s);
@@ -223,7 +222,7 @@ kv_event(const msgpack_object *o, Smg__KvEvent **out)
 		Smg__KvBlocksRemoved *r;
 
 		hashes = map ? kv_map_get(o, "block_hashes")
-			     : (nf > 1 ? &f[1] : NULL);
+		             : (nf > 1 ? &f[1] : NULL);
 		if ((r = calloc(1, sizeof(*r))) == NULL)
 			goto fail;
 		smg__kv_blocks_removed__init(r);
@@ -273,8 +272,7 @@ kvevents_decode(const void *buf, size_t len, Smg__KvEventBatch *b)
 	b->events = NULL;
 	b->n_events = 0;
 	msgpack_unpacked_init(&u);
-	if (msgpack_unpack_next(&u, buf, len, &off) !=
-	        MSGPACK_UNPACK_SUCCESS ||
+	if (msgpack_unpack_next(&u, buf, len, &off) != MSGPACK_UNPACK_SUCCESS ||
 	    off != len)
 		goto out;
 	root = &u.data;
@@ -286,8 +284,8 @@ kvevents_decode(const void *buf, size_t len, Smg__KvEventBatch *b)
 	if (events == NULL || events->type != MSGPACK_OBJECT_ARRAY)
 		goto out;
 	if (events->via.array.size > 0 &&
-	    (b->events = calloc(events->via.array.size,
-	         sizeof(*b->events))) == NULL)
+	    (b->events = calloc(events->via.array.size, sizeof(*b->events))) ==
+	        NULL)
 		goto out;
 	for (i = 0; i < events->via.array.size; i++) {
 		if (kv_event(&events->via.array.ptr[i], &e) == -1) {
@@ -372,8 +370,8 @@ kvevents_resolve(const char *endpoint, const char *worker_url, char *out,
 			return -1;
 		he++;
 	} else
-		for (he = h; *he != '\0' && *he != ':' && *he != '/' &&
-		     *he != '@';
+		for (he = h;
+		     *he != '\0' && *he != ':' && *he != '/' && *he != '@';
 		     he++)
 			;
 	if (he == h || (size_t)(he - h) >= sizeof(host))
@@ -523,8 +521,8 @@ kv_subscribe(struct pworker *pw, const char *endpoint, const char *topic)
 	ev_io_start(p->p_loop, &ks->ks_io);
 	/* ZMQ_FD is edge-triggered: look for what is already queued. */
 	ev_feed_event(p->p_loop, &ks->ks_io, EV_READ);
-	log_info("%s: %s: subscribed to KV events on %s", __func__,
-	    pw->pw_url, endpoint);
+	log_info("%s: %s: subscribed to KV events on %s", __func__, pw->pw_url,
+	    endpoint);
 	return 0;
 }
 
@@ -551,8 +549,8 @@ kv_io_cb(struct ev_loop *loop, ev_io *w, int revents)
 		nframes = 0;
 		done = 0;
 		while (!done) {
-			zmq_msg_t extra, *m =
-			    nframes < 3 ? &frames[nframes] : &extra;
+			zmq_msg_t extra,
+			    *m = nframes < 3 ? &frames[nframes] : &extra;
 
 			zmq_msg_init(m);
 			if (zmq_msg_recv(m, ks->ks_sock, ZMQ_DONTWAIT) == -1) {
@@ -660,7 +658,8 @@ kvevents_tick(struct pworker *pw, uint64_t now)
 	}
 	if (want == NULL ||
 	    kvevents_resolve(want, pw->pw_url, ep, sizeof(ep)) == -1) {
-		if (want != NULL && ks->ks_sock == NULL && ks->ks_next_ms == 0) {
+		if (want != NULL && ks->ks_sock == NULL &&
+		    ks->ks_next_ms == 0) {
 			log_warnx("%s: %s: bad KV event endpoint '%s'",
 			    __func__, pw->pw_url, want);
 			ks->ks_next_ms = UINT64_MAX;

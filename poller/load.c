@@ -81,8 +81,6 @@ static int64_t load_count(const struct load_acc *a);
 static void load_fetch(struct pworker *pw, enum load_step step);
 static bool load_fallback_allowed(const struct pworker *pw);
 static void load_done_cb(void *arg, const struct http_client_result *res);
-static void load_send(struct pworker *pw, Smg__RankLoad *ranks, size_t n,
-    const char *source);
 static void load_gauges(struct pworker *pw, const Smg__RankLoad *ranks,
     size_t n);
 static void load_gauge_set(struct pworker *pw, const char *family, int32_t rank,
@@ -354,7 +352,7 @@ load_tick(struct pworker *pw, uint64_t now)
 	else if (load_fallback_allowed(pw))
 		load_fetch(pw, LOAD_METRICS);
 	else
-		load_send(pw, NULL, 0, "");
+		load_report(pw, NULL, 0, "");
 }
 
 void
@@ -421,12 +419,12 @@ load_done_cb(void *arg, const struct http_client_result *res)
 		    load_parse_prom(res->hr_body, res->hr_body_len,
 		        pw->pw_runtime[0] != '\0' ? pw->pw_runtime : NULL,
 		        &ranks[0]) == 0) {
-			load_send(pw, ranks, 1, "metrics");
+			load_report(pw, ranks, 1, "metrics");
 			return;
 		}
 		log_debug("%s: %s/metrics: no load report (%s)", __func__,
 		    pw->pw_url, ok2xx ? "no engine load gauges" : why);
-		load_send(pw, NULL, 0, "");
+		load_report(pw, NULL, 0, "");
 		return;
 	}
 
@@ -434,7 +432,7 @@ load_done_cb(void *arg, const struct http_client_result *res)
 		switch (load_parse_json(res->hr_body, res->hr_body_len, ranks,
 		    LOAD_MAX_RANKS, &n)) {
 		case LOAD_PARSE_REPORT:
-			load_send(pw, ranks, n, "loads");
+			load_report(pw, ranks, n, "loads");
 			return;
 		case LOAD_PARSE_EMPTY:
 			/* Nothing this tick; ask again next interval. */
@@ -460,13 +458,13 @@ load_done_cb(void *arg, const struct http_client_result *res)
 	if (load_fallback_allowed(pw))
 		load_fetch(pw, LOAD_METRICS);
 	else
-		load_send(pw, NULL, 0, "");
+		load_report(pw, NULL, 0, "");
 }
 
 /* ------------------------------------------------------------ reports */
 
-static void
-load_send(struct pworker *pw, Smg__RankLoad *ranks, size_t n,
+void
+load_report(struct pworker *pw, Smg__RankLoad *ranks, size_t n,
     const char *source)
 {
 	Smg__PollerMsg m = SMG__POLLER_MSG__INIT;

@@ -3,8 +3,9 @@
  *
  * One libev loop. Every 200 ms it stamps its shm heartbeat and scans the
  * worker table; each slot's registration (register.c), health (health.c)
- * and load (load.c) schedules run from that scan, and their HTTP requests
- * complete on the loop. Findings reach the broker through report.c.
+ * and load (load.c) schedules and its KV-event subscription (kvevents.c)
+ * run from that scan; HTTP requests and ZMQ messages complete on the
+ * loop. Findings reach the broker through report.c.
  * SIGTERM/SIGINT stop the loop: in-flight probes are dropped and the
  * process exits 0.
  */
@@ -99,7 +100,9 @@ main(int argc, char *argv[])
 		register_stop(&p->p_workers[i]);
 		health_stop(&p->p_workers[i]);
 		load_stop(&p->p_workers[i]);
+		kvevents_stop(&p->p_workers[i]);
 	}
+	kvevents_shutdown(p);
 	ipc_client_free(p->p_reports);
 	tls_ctx_free(p->p_tls);
 	shm_row_release(p->p_shm, SHM_ROW_POLLER);
@@ -170,6 +173,7 @@ poller_scan_slot(struct poller *p, unsigned slot, uint64_t now)
 			register_stop(pw);
 			health_stop(pw);
 			load_stop(pw);
+			kvevents_stop(pw);
 			pw->pw_in_use = false;
 		}
 		return;
@@ -177,12 +181,14 @@ poller_scan_slot(struct poller *p, unsigned slot, uint64_t now)
 	w.sw_url[sizeof(w.sw_url) - 1] = '\0';
 	w.sw_api_key[sizeof(w.sw_api_key) - 1] = '\0';
 	w.sw_model[sizeof(w.sw_model) - 1] = '\0';
+	w.sw_kv_endpoint[sizeof(w.sw_kv_endpoint) - 1] = '\0';
 	if (!pw->pw_in_use || pw->pw_generation != w.sw_generation ||
 	    strcmp(pw->pw_url, w.sw_url) != 0) {
 		/* A new worker in this slot: start from scratch. */
 		register_stop(pw);
 		health_stop(pw);
 		load_stop(pw);
+		kvevents_stop(pw);
 		pw->pw_load.ls_absent = false;
 		pw->pw_runtime[0] = '\0';
 		pw->pw_in_use = true;
@@ -192,7 +198,9 @@ poller_scan_slot(struct poller *p, unsigned slot, uint64_t now)
 	pw->pw_status = w.sw_status;
 	memcpy(pw->pw_api_key, w.sw_api_key, sizeof(pw->pw_api_key));
 	memcpy(pw->pw_model, w.sw_model, sizeof(pw->pw_model));
+	memcpy(pw->pw_kv_label, w.sw_kv_endpoint, sizeof(pw->pw_kv_label));
 	register_tick(pw, now);
 	health_tick(pw, now);
 	load_tick(pw, now);
+	kvevents_tick(pw, now);
 }

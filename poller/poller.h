@@ -25,6 +25,7 @@ struct config;
 struct ipc_client;
 struct tls_ctx;
 struct pworker;
+struct poller;
 
 /* ---- http_client.c ---- */
 
@@ -194,6 +195,14 @@ bool load_wanted(const struct config *cf);
  */
 void load_tick(struct pworker *pw, uint64_t now_ms);
 void load_stop(struct pworker *pw);
+/*
+ * The one exit of a fetch, whatever its transport (HTTP here; a gRPC
+ * GetLoads client calls it the same way with source "grpc"): sends the
+ * LoadReport of ranks[0..n) (n 0: ok=false, no report this tick) and, with
+ * --engine-metrics, sets the smg_engine_* gauges.
+ */
+void load_report(struct pworker *pw, Smg__RankLoad *ranks, size_t n,
+    const char *source);
 
 /* ---- kvevents.c ---- */
 
@@ -250,8 +259,9 @@ int kvevents_resolve(const char *endpoint, const char *worker_url, char *out,
     size_t len);
 /*
  * Reads `kv_events_config` (a JSON string or object) of a server info
- * body: its endpoint (default tcp://*:5557 when a zmq publisher names
- * none) and topic. Returns 0 when the worker publishes over ZMQ, -1 not.
+ * body: its endpoint (the engines' default, port 5557 on every address,
+ * when a zmq publisher names none) and topic. Returns 0 when the worker
+ * publishes over ZMQ, -1 not.
  */
 int kvevents_parse_server_info(const char *body, size_t len, char *endpoint,
     size_t elen, char *topic, size_t tlen);

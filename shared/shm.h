@@ -82,7 +82,7 @@ struct shm_worker {
 	char sw_url[SHM_URL_MAX]; /* as registered, no trailing '/' */
 	char sw_model[SHM_MODEL_MAX]; /* "unknown" until discovered */
 	char sw_api_key[SHM_KEY_MAX]; /* "" none; segment is mode 0600 */
-	/* KV-event endpoint from the worker label kv_events_endpoint, "" none */
+	/* label kv_events_endpoint (KV-event stream), "" none */
 	char sw_kv_endpoint[SHM_URL_MAX];
 };
 

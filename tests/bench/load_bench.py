@@ -356,9 +356,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build-dir",
                     default=os.path.join(ROOT, "build-load-rel"))
-    ap.add_argument("--bursts", type=int, default=12)
-    ap.add_argument("--burst", type=int, default=24)
-    ap.add_argument("--period", type=float, default=1.5)
+    ap.add_argument("--bursts", type=int, default=10)
+    ap.add_argument("--burst", type=int, default=32)
+    ap.add_argument("--period", type=float, default=2.0)
     ap.add_argument("--min-words", type=int, default=100)
     ap.add_argument("--max-words", type=int, default=600)
     ap.add_argument("--min-out", type=int, default=16)

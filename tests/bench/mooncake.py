@@ -62,7 +62,7 @@ TITLES.update({"nginx": "nginx round robin",
 REFUSALS = ("not implemented", "unknown policy", "invalid value")
 
 
-class Interrupted(Exception):
+class Interrupted(BaseException):
     pass
 
 
@@ -765,7 +765,7 @@ def run_target(args, procs, target, reqs, bodies):
     f["cpu_children"] = rusage_secs(resource.RUSAGE_CHILDREN) - children0
     f["host_busy"] = (host1[0] - host0[0]) / max(host1[1] - host0[1], 1e-9)
     log(f"{TITLES[target]}: hit {f['hit']:.3f}, ttft p50 "
-        f"{fmt_ms(f['ttft_p50'])} ms, busiest {f['busiest']:.2f}, "
+        f"{fmt_ms(f['ttft_p50'])} ms, busiest {fmt_x(f['busiest'])}, "
         f"errors {f['n'] - f['ok']}, host busy {100 * f['host_busy']:.0f}%")
     return f
 
@@ -825,6 +825,10 @@ def fmt_ms(sec):
     return "n/a" if sec is None else f"{sec * 1000:.0f}"
 
 
+def fmt_x(x):
+    return "n/a" if x is None else f"{x:.2f}"
+
+
 def fmt_pct(x):
     return "n/a" if x is None else f"{100 * x:.1f}%"
 
@@ -871,9 +875,9 @@ def report(args, m, info, res):
     for t in args.target_list:
         r = res.get(t)
         if r is None or "unavailable" in r:
-            why = "not run" if r is None else r["unavailable"]
-            L.append(f"| {TITLES[t]} | not available: {why} |"
-                     + " |" * 10)
+            why = "not run (interrupted)" if r is None else \
+                r["unavailable"]
+            L.append(f"| {TITLES[t]} | {why} |" + " |" * 10)
             continue
         of = r["hit"] / info["oracle"] if info["oracle"] else None
         err = f"{fmt_pct(r['error_rate'])}"
@@ -886,7 +890,7 @@ def report(args, m, info, res):
                  f"{'n/a' if of is None else f'{100 * of:.0f}%'} | "
                  f"{fmt_ms(r['ttft_p50'])} | {fmt_ms(r['ttft_p99'])} | "
                  f"{fmt_ms(r['e2e_p50'])} | {r['rps']:.1f} | "
-                 f"{r['tps'] / 1000:.0f}k | {r['busiest']:.2f} "
+                 f"{r['tps'] / 1000:.0f}k | {fmt_x(r['busiest'])} "
                  f"({'/'.join(str(c) for c in r['counts'])}) | "
                  f"{100 * r['util_mean']:.0f}%/{100 * r['util_max']:.0f}% | "
                  f"{wait} | {err} |")
@@ -950,8 +954,9 @@ def checks(info, res):
     L.append(f"- cache_aware hit rate >= 90% of the oracle bound: "
              f"{100 * ratio:.0f}% -> "
              f"{'met' if ratio >= 0.9 else '**not met**'}")
-    L.append(f"- busiest worker <= 1.3x the mean: {ca['busiest']:.2f}x -> "
-             f"{'met' if ca['busiest'] <= 1.3 else '**not met**'}")
+    busy = ca["busiest"]
+    L.append(f"- busiest worker <= 1.3x the mean: {fmt_x(busy)}x -> "
+             f"{'met' if busy is not None and busy <= 1.3 else '**not met**'}")
     if rr and "unavailable" not in rr and ca["ttft_p50"] and \
             rr["ttft_p50"]:
         x = rr["ttft_p50"] / ca["ttft_p50"]
@@ -1070,7 +1075,13 @@ def main(argv):
                 res[t] = run_target(args, procs, t, reqs, bodies)
             except NotAvailable as e:
                 log(f"{TITLES[t]}: not available: {e}")
-                res[t] = {"unavailable": str(e)[:160].replace("|", "/")}
+                res[t] = {"unavailable": "not available: " +
+                          str(e)[:160].replace("|", "/")}
+            except (RuntimeError, OSError, ValueError,
+                    http.client.HTTPException) as e:
+                log(f"{TITLES[t]}: run failed: {e}")
+                res[t] = {"unavailable": "run failed: " +
+                          str(e)[:160].replace("|", "/")}
     except Interrupted as e:
         log(f"interrupted ({e}); reporting what was measured")
     finally:

@@ -935,7 +935,8 @@ api_server_info(struct api *a, struct srv_conn *conn,
     const struct srv_request *req)
 {
 	struct engine_stats es;
-	cJSON *o;
+	cJSON *o, *kv;
+	char *text;
 
 	engine_get_stats(a->a_engine, &es);
 	o = cJSON_CreateObject();
@@ -953,6 +954,20 @@ api_server_info(struct api *a, struct srv_conn *conn,
 	cJSON_AddNumberToObject(o, "dp_size", 1);
 	cJSON_AddStringToObject(o, "load_balance_method", "round_robin");
 	cJSON_AddStringToObject(o, "disaggregation_mode", "null");
+	if (a->a_cfg.ac_kv_endpoint != NULL) {
+		/* SGLang's server args carry the --kv-events-config text. */
+		kv = cJSON_CreateObject();
+		cJSON_AddStringToObject(kv, "publisher", "zmq");
+		cJSON_AddStringToObject(kv, "endpoint",
+		    a->a_cfg.ac_kv_endpoint);
+		cJSON_AddStringToObject(kv, "topic",
+		    a->a_cfg.ac_kv_topic != NULL ? a->a_cfg.ac_kv_topic : "");
+		if ((text = cJSON_PrintUnformatted(kv)) != NULL) {
+			cJSON_AddStringToObject(o, "kv_events_config", text);
+			free(text);
+		}
+		cJSON_Delete(kv);
+	}
 	api_reply_json(a, conn, req, 200, o);
 }
 

@@ -337,6 +337,8 @@ main(int argc, char **argv)
 	ac.ac_ready_at = ev_now(loop) + opts.mo_start_delay;
 	ac.ac_seed = (uint64_t)opts.mo_seed;
 	ac.ac_time_scale = opts.mo_time_scale;
+	ac.ac_kv_endpoint = opts.mo_kv_endpoint;
+	ac.ac_kv_topic = opts.mo_kv_topic;
 	api = api_new(loop, &ac, engine, stats);
 
 	srv = srv_new(loop, opts.mo_host, (int)opts.mo_port, api_request,

@@ -260,6 +260,9 @@ struct api_config {
 	double ac_ready_at; /* ev_now() before which everything answers 503 */
 	uint64_t ac_seed;
 	double ac_time_scale;
+	/* KV-event publisher, shown as SGLang's kv_events_config; NULL none */
+	const char *ac_kv_endpoint;
+	const char *ac_kv_topic;
 };
 
 struct api;

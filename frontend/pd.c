@@ -1,0 +1,1293 @@
+/*
+ * pd.c: the PD and EPD request path (gateway.md §11): a prefill and a
+ * decode worker (and an encode worker in EPD mode) are chosen by the leg
+ * policies in one decision batch, the body gets the bootstrap fields, all
+ * legs are sent concurrently, and the client gets the decode response once
+ * every other leg has answered 2xx. A leg that fails aborts the others;
+ * retries wrap the whole selection and dispatch. Also the PD form of GET
+ * /health_generate (gateway.md §3.2).
+ */
+#include <sys/random.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "frontend/frontend.h"
+#include "shared/log.h"
+
+#define PD_PATH_MAX 2048
+#define PD_MSG_MAX  1024
+
+enum pd_leg_index {
+	PD_PREFILL = 0,
+	PD_DECODE,
+	PD_ENCODE,
+	PD_NLEGS,
+};
+
+struct pd_req;
+
+struct pd_leg {
+	struct pd_req *lg_rq;
+	enum pd_leg_index lg_index;
+	struct decide_item lg_di;
+	struct decision lg_d;
+	bool lg_decided;
+	struct upstream_req *lg_up;
+	bool lg_dispatched; /* sent in this attempt */
+	bool lg_inflight;
+	int lg_status; /* 0 until the head came */
+	bool lg_done;
+	enum upstream_error lg_err;
+	char *lg_buf; /* error body, or decode bytes held back */
+	size_t lg_len;
+	size_t lg_cap;
+	bool lg_overflow;
+	ev_tstamp lg_sent;
+	uint32_t lg_exclude[FE_MAX_EXCLUDE];
+	size_t lg_nexclude;
+};
+
+struct pd_req {
+	struct conn *pr_conn;
+	const struct http_request *pr_hr;
+	struct extract_inputs pr_in;
+	char pr_id[EXTRACT_REQUEST_ID_MAX + 1];
+	enum extract_endpoint pr_ep;
+	struct retry_policy pr_rp;
+	unsigned pr_attempt;
+	unsigned pr_nlegs;
+	unsigned pr_pending; /* decisions not yet answered */
+	struct pd_leg pr_legs[PD_NLEGS];
+	char *pr_body;
+	size_t pr_body_len;
+	char pr_path[PD_PATH_MAX];
+	bool pr_streaming;
+	bool pr_head_sent;
+	bool pr_chunked;
+	bool pr_paused;
+	bool pr_ttft_done;
+	/* the decode head, held until every other leg answered 2xx */
+	struct upstream_header *pr_dh;
+	size_t pr_ndh;
+	char pr_model[SHM_MODEL_MAX];
+	ev_timer pr_backoff;
+	ev_tstamp pr_start;
+};
+
+struct pd_health;
+
+/* One side of the pair: what its callbacks get. */
+struct ph_probe {
+	struct pd_health *pp_ph;
+	unsigned pp_i; /* 0 prefill, 1 decode */
+};
+
+/* GET /health_generate in PD mode: one pair, probed in parallel. */
+struct pd_health {
+	struct ph_probe ph_probe[2];
+	struct conn *ph_conn;
+	const struct http_request *ph_hr;
+	char ph_id[EXTRACT_REQUEST_ID_MAX + 1];
+	struct extract_inputs ph_in;
+	struct decide_item ph_di[2];
+	struct decision ph_d[2];
+	struct upstream_req *ph_up[2];
+	int ph_status[2]; /* -1 failed, else HTTP status; 0 pending */
+	unsigned ph_pending;
+	ev_timer ph_timer;
+};
+
+static void pd_gone(void *);
+static void pd_drained(void *);
+static void pd_select(struct pd_req *);
+static void pd_decided(void *, const struct decision *);
+static void pd_dispatch(struct pd_req *);
+static int pd_build_body(struct pd_req *);
+static void pd_on_head(void *, int, const struct upstream_header *, size_t);
+static void pd_on_body(void *, const char *, size_t);
+static void pd_on_done(void *, enum upstream_error);
+static void pd_progress(struct pd_req *);
+static void pd_release(struct pd_req *);
+static void pd_relay(struct pd_req *, const char *, size_t);
+static void pd_finish(struct pd_req *, bool);
+static void pd_leg_error(struct pd_req *, struct pd_leg *);
+static void pd_decode_error(struct pd_req *, struct pd_leg *);
+static void pd_attempt_failed(struct pd_req *, struct pd_leg *, int,
+    const char *, const char *, bool);
+static void pd_stop_legs(struct pd_req *, int);
+static void pd_outcomes(struct pd_req *, int, const struct pd_leg *);
+static bool pd_can_retry(struct pd_req *);
+static void pd_retry(struct pd_req *, const struct pd_leg *);
+static void pd_backoff_cb(struct ev_loop *, ev_timer *, int);
+static void pd_fail(struct pd_req *, int, const char *, const char *, int);
+static void pd_count(struct pd_req *, int, bool);
+static void pd_free(struct pd_req *);
+static int pd_keep(struct pd_leg *, const char *, size_t, size_t);
+static const char *pd_runtime(void);
+static void pd_worker_message(const char *, size_t, char *, size_t);
+static void ph_gone(void *);
+static void ph_decided(void *, const struct decision *);
+static void ph_head(void *, int, const struct upstream_header *, size_t);
+static void ph_body(void *, const char *, size_t);
+static void ph_done(void *, enum upstream_error);
+static void ph_timeout_cb(struct ev_loop *, ev_timer *, int);
+static void ph_finish(struct pd_health *);
+static void ph_free(struct pd_health *);
+
+static const char *const pd_leg_names[PD_NLEGS] = { "prefill", "decode",
+	"encode" };
+static const Smg__Leg pd_leg_proto[PD_NLEGS] = { SMG__LEG__LEG_PREFILL,
+	SMG__LEG__LEG_DECODE, SMG__LEG__LEG_ENCODE };
+
+static const struct conn_handler pd_handler = {
+	.ch_gone = pd_gone,
+	.ch_drained = pd_drained,
+};
+
+static const struct upstream_cbs pd_cbs = {
+	.on_head = pd_on_head,
+	.on_body = pd_on_body,
+	.on_done = pd_on_done,
+};
+
+static const struct conn_handler ph_handler = {
+	.ch_gone = ph_gone,
+};
+
+static const struct upstream_cbs ph_cbs = {
+	.on_head = ph_head,
+	.on_body = ph_body,
+	.on_done = ph_done,
+};
+
+bool
+pd_enabled(void)
+{
+	return fe->fe_cf->cf_pd_disaggregation ||
+	    fe->fe_cf->cf_epd_disaggregation;
+}
+
+/* ------------------------------------------------- body rewriting */
+
+int
+pd_bootstrap_host(const char *url, char *out, size_t len)
+{
+	const char *p, *end;
+	size_t n;
+
+	if ((p = strstr(url, "://")) == NULL)
+		return -1;
+	p += 3;
+	if (*p == '[') {
+		if ((end = strchr(++p, ']')) == NULL)
+			return -1;
+	} else {
+		end = p + strcspn(p, ":/@?#");
+	}
+	n = (size_t)(end - p);
+	if (n == 0 || n >= len)
+		return -1;
+	memcpy(out, p, n);
+	out[n] = '\0';
+	return 0;
+}
+
+uint64_t
+pd_room(void)
+{
+	static uint64_t state;
+	uint64_t x;
+
+	/* splitmix64 over a getrandom seed; rooms need not be secret. */
+	if (state == 0 &&
+	    getrandom(&state, sizeof(state), 0) != (ssize_t)sizeof(state))
+		state = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+	x = (state += 0x9e3779b97f4a7c15ULL);
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+	x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+	x ^= x >> 31;
+	return x & INT64_MAX;
+}
+
+/* Replaces (or adds) member name of obj by item; item is taken. */
+static int
+pd_set(cJSON *obj, const char *name, cJSON *item)
+{
+	if (item == NULL)
+		return -1;
+	cJSON_DeleteItemFromObjectCaseSensitive(obj, name);
+	if (!cJSON_AddItemToObject(obj, name, item)) {
+		cJSON_Delete(item);
+		return -1;
+	}
+	return 0;
+}
+
+/* A bootstrap value: JSON string, integer, null; or an array of n. */
+static cJSON *
+pd_value(const char *host, long port, const uint64_t *room, unsigned n,
+    bool batch, unsigned k)
+{
+	char num[24];
+	cJSON *a, *v;
+	unsigned i;
+
+	if (batch) {
+		if ((a = cJSON_CreateArray()) == NULL)
+			return NULL;
+		for (i = 0; i < n; i++) {
+			if ((v = pd_value(host, port, room != NULL ? &room[i]
+			                                           : NULL,
+			         1, false, k)) == NULL ||
+			    !cJSON_AddItemToArray(a, v)) {
+				cJSON_Delete(v);
+				cJSON_Delete(a);
+				return NULL;
+			}
+		}
+		return a;
+	}
+	switch (k) {
+	case 0:
+		return cJSON_CreateString(host);
+	case 1:
+		if (port < 0)
+			return cJSON_CreateNull();
+		snprintf(num, sizeof(num), "%ld", port);
+		return cJSON_CreateRaw(num);
+	default:
+		/* Raw: a double would lose the low bits of a 63-bit room. */
+		snprintf(num, sizeof(num), "%llu", (unsigned long long)*room);
+		return cJSON_CreateRaw(num);
+	}
+}
+
+int
+pd_inject(cJSON *body, const char *host, long port, const uint64_t *rooms,
+    unsigned n, bool batch, const char *prefix)
+{
+	char name[64];
+	const char *fields[3] = { "bootstrap_host", "bootstrap_port",
+		"bootstrap_room" };
+	unsigned k;
+
+	if (!cJSON_IsObject(body) || n == 0)
+		return -1;
+	for (k = 0; k < 3; k++) {
+		if (k == 2 && rooms == NULL)
+			break;
+		snprintf(name, sizeof(name), "%s%s", prefix, fields[k]);
+		if (pd_set(body, name,
+		        pd_value(host, port, rooms, n, batch, k)) == -1)
+			return -1;
+	}
+	return 0;
+}
+
+/* The bootstrap port a worker registered with, -1 none. */
+static long
+pd_bootstrap_port(const struct decision *d)
+{
+	struct shm_worker w;
+
+	if (shm_worker_read(fe->fe_shm, d->dc_slot, &w) == -1 ||
+	    w.sw_generation != d->dc_generation)
+		return -1;
+	return w.sw_bootstrap_port;
+}
+
+/* The attempt's body: canonical model, bootstrap fields, new rooms. */
+static int
+pd_build_body(struct pd_req *rq)
+{
+	struct extract_inputs *in = &rq->pr_in;
+	const struct decision *pd = &rq->pr_legs[PD_PREFILL].lg_d;
+	unsigned n = in->ei_batch_n > 0 ? in->ei_batch_n : 1, i;
+	bool batch = in->ei_is_batch;
+	char host[SHM_URL_MAX];
+	uint64_t *rooms;
+	const char *canon;
+	char *s;
+	int rv = -1;
+
+	if ((rooms = calloc(n, sizeof(*rooms))) == NULL)
+		return -1;
+	for (i = 0; i < n; i++)
+		rooms[i] = pd_room();
+	if (in->ei_model != NULL) {
+		canon = fallback_canonical(fe->fe_cf, in->ei_model);
+		if (strcmp(canon, in->ei_model) != 0 &&
+		    pd_set(in->ei_json, "model", cJSON_CreateString(canon)) ==
+		        -1)
+			goto out;
+	}
+	if (pd_bootstrap_host(pd->dc_url, host, sizeof(host)) == -1)
+		snprintf(host, sizeof(host), "%s", "localhost");
+	if (pd_inject(in->ei_json, host, pd_bootstrap_port(pd), rooms, n,
+	        batch, "") == -1)
+		goto out;
+	if (rq->pr_nlegs > PD_ENCODE) {
+		const struct decision *ed = &rq->pr_legs[PD_ENCODE].lg_d;
+
+		if (pd_bootstrap_host(ed->dc_url, host, sizeof(host)) == -1)
+			snprintf(host, sizeof(host), "%s", "localhost");
+		if (pd_inject(in->ei_json, host, pd_bootstrap_port(ed), NULL,
+		        n, batch, "encode_") == -1)
+			goto out;
+	}
+	if ((s = cJSON_PrintUnformatted(in->ei_json)) == NULL)
+		goto out;
+	free(rq->pr_body);
+	rq->pr_body = s;
+	rq->pr_body_len = strlen(s);
+	rv = 0;
+out:
+	free(rooms);
+	return rv;
+}
+
+/* ------------------------------------------------- request life */
+
+void
+pd_start(struct conn *c, const struct http_request *hr,
+    enum extract_endpoint ep, const char *request_id)
+{
+	const struct config *cf = fe->fe_cf;
+	struct pd_req *rq;
+	const char *code;
+	char msg[FE_MSG_MAX];
+	int status, n;
+	unsigned i;
+
+	if ((rq = calloc(1, sizeof(*rq))) == NULL) {
+		conn_error(c, 503, "out_of_memory", "Out of memory", request_id,
+		    0);
+		local_count_response(hr, 503);
+		return;
+	}
+	rq->pr_conn = c;
+	rq->pr_hr = hr;
+	rq->pr_ep = ep;
+	rq->pr_start = ev_now(fe->fe_loop);
+	rq->pr_nlegs = cf->cf_epd_disaggregation ? 3 : 2;
+	snprintf(rq->pr_id, sizeof(rq->pr_id), "%s", request_id);
+	snprintf(rq->pr_model, sizeof(rq->pr_model), "%s", "unknown");
+	retry_policy_from_config(&rq->pr_rp, cf);
+	ev_init(&rq->pr_backoff, pd_backoff_cb);
+	rq->pr_backoff.data = rq;
+	for (i = 0; i < PD_NLEGS; i++) {
+		rq->pr_legs[i].lg_rq = rq;
+		rq->pr_legs[i].lg_index = (enum pd_leg_index)i;
+	}
+	conn_set_handler(c, &pd_handler, rq);
+	n = snprintf(rq->pr_path, sizeof(rq->pr_path), "%s%s%s", hr->hr_path,
+	    hr->hr_has_query ? "?" : "", hr->hr_query);
+	if (n < 0 || (size_t)n >= sizeof(rq->pr_path)) {
+		pd_fail(rq, 400, "invalid_request", "Request target too long",
+		    0);
+		return;
+	}
+	if (extract_inputs(ep, hr->hr_body, hr->hr_body_len, hr,
+	        (const char *const *)cf->cf_routing_key_headers,
+	        cf->cf_routing_key_headers_n, cf->cf_routing_key_override,
+	        &rq->pr_in, &status, &code, msg, sizeof(msg)) == -1) {
+		pd_fail(rq, status, code, msg, 0);
+		return;
+	}
+	rq->pr_streaming = rq->pr_in.ei_stream;
+	if (rq->pr_in.ei_model != NULL) {
+		/* Route by the canonical id of an alias. */
+		const char *canon =
+		    fallback_canonical(cf, rq->pr_in.ei_model);
+		char *m;
+
+		if (strcmp(canon, rq->pr_in.ei_model) != 0) {
+			if ((m = strdup(canon)) == NULL) {
+				pd_fail(rq, 503, "out_of_memory",
+				    "Out of memory", 0);
+				return;
+			}
+			free(rq->pr_in.ei_model);
+			rq->pr_in.ei_model = m;
+		}
+	}
+	pd_select(rq);
+}
+
+/* One routing question per leg, in the same loop turn (one batch). */
+static void
+pd_select(struct pd_req *rq)
+{
+	struct pd_leg *lg;
+	unsigned i;
+
+	rq->pr_pending = rq->pr_nlegs;
+	for (i = 0; i < rq->pr_nlegs; i++) {
+		lg = &rq->pr_legs[i];
+		lg->lg_decided = false;
+		lg->lg_di.di_in = &rq->pr_in;
+		lg->lg_di.di_leg = pd_leg_proto[i];
+		lg->lg_di.di_attempt = rq->pr_attempt;
+		lg->lg_di.di_exclude = lg->lg_exclude;
+		lg->lg_di.di_nexclude = lg->lg_nexclude;
+		lg->lg_di.di_cb = pd_decided;
+		lg->lg_di.di_arg = lg;
+		decide_submit(&lg->lg_di);
+	}
+}
+
+static void
+pd_decided(void *arg, const struct decision *d)
+{
+	struct pd_leg *lg = arg, *bad = NULL;
+	struct pd_req *rq = lg->lg_rq;
+	char labels[SHM_SERIES_NAME_MAX];
+	unsigned i;
+
+	lg->lg_d = *d;
+	lg->lg_decided = true;
+	if (--rq->pr_pending > 0)
+		return;
+	for (i = 0; i < rq->pr_nlegs && bad == NULL; i++)
+		if (!rq->pr_legs[i].lg_d.dc_ok)
+			bad = &rq->pr_legs[i];
+	if (bad != NULL) {
+		d = &bad->lg_d;
+		if (retry_status_retryable(d->dc_status) && !d->dc_terminal &&
+		    pd_can_retry(rq)) {
+			pd_retry(rq, NULL);
+			return;
+		}
+		pd_fail(rq, d->dc_status, d->dc_code, d->dc_message,
+		    (int)d->dc_retry_after);
+		return;
+	}
+	d = &rq->pr_legs[PD_DECODE].lg_d;
+	snprintf(rq->pr_model, sizeof(rq->pr_model), "%s",
+	    d->dc_model[0] != '\0' ? d->dc_model : "unknown");
+	for (i = 0; i < rq->pr_nlegs; i++) {
+		d = &rq->pr_legs[i].lg_d;
+		/* The broker counts its own selections; count local ones. */
+		if (!d->dc_fallback)
+			continue;
+		snprintf(labels, sizeof(labels),
+		    "worker_type=\"%s\",connection_mode=\"http\",model=\"%s\","
+		    "policy=\"%s\"",
+		    pd_leg_names[i], rq->pr_model,
+		    d->dc_policy[0] != '\0' ? d->dc_policy : "unknown");
+		stats_add("smg_worker_selection_total", labels, 1);
+	}
+	pd_dispatch(rq);
+}
+
+/* Sends every leg at once (gateway.md §11.3). */
+static void
+pd_dispatch(struct pd_req *rq)
+{
+	struct upstream_header hdrs[HDR_UPSTREAM_MAX];
+	char auth[SHM_KEY_MAX + 16];
+	struct pd_leg *lg;
+	size_t n;
+	unsigned i;
+
+	if (pd_build_body(rq) == -1) {
+		pd_fail(rq, 400, "request_preparation_failed",
+		    "Failed to add the bootstrap fields to the request", 0);
+		return;
+	}
+	rq->pr_head_sent = false;
+	for (i = 0; i < rq->pr_nlegs; i++) {
+		lg = &rq->pr_legs[i];
+		lg->lg_status = 0;
+		lg->lg_done = false;
+		lg->lg_err = UPSTREAM_OK;
+		lg->lg_len = 0;
+		lg->lg_overflow = false;
+		lg->lg_sent = ev_now(fe->fe_loop);
+		n = hdr_upstream(rq->pr_hr, rq->pr_id, lg->lg_d.dc_api_key,
+		    true, auth, sizeof(auth), hdrs, HDR_UPSTREAM_MAX);
+		lg->lg_up = upstream_request(fe->fe_up, lg->lg_d.dc_url,
+		    "POST", rq->pr_path, hdrs, n, rq->pr_body, rq->pr_body_len,
+		    &pd_cbs, lg);
+		if (lg->lg_up == NULL) {
+			pd_attempt_failed(rq, lg, 500,
+			    "call_upstream_request_error",
+			    "Failed to send the request to the worker", true);
+			return;
+		}
+		lg->lg_dispatched = true;
+		shm_inflight_inc(fe->fe_shm, fe->fe_row, lg->lg_d.dc_slot);
+		lg->lg_inflight = true;
+	}
+}
+
+/* Keeps up to max bytes of a leg's body; -1 when out of memory. */
+static int
+pd_keep(struct pd_leg *lg, const char *data, size_t len, size_t max)
+{
+	size_t cap;
+	char *nb;
+
+	if (lg->lg_len + len > max) {
+		lg->lg_overflow = true;
+		len = max - lg->lg_len;
+	}
+	if (len == 0)
+		return 0;
+	if (lg->lg_len + len + 1 > lg->lg_cap) {
+		cap = lg->lg_cap < 4096 ? 4096 : lg->lg_cap;
+		while (cap < lg->lg_len + len + 1)
+			cap *= 2;
+		if ((nb = realloc(lg->lg_buf, cap)) == NULL)
+			return -1;
+		lg->lg_buf = nb;
+		lg->lg_cap = cap;
+	}
+	memcpy(lg->lg_buf + lg->lg_len, data, len);
+	lg->lg_len += len;
+	lg->lg_buf[lg->lg_len] = '\0';
+	return 0;
+}
+
+static void
+pd_on_head(void *arg, int status, const struct upstream_header *h, size_t n)
+{
+	struct pd_leg *lg = arg;
+	struct pd_req *rq = lg->lg_rq;
+	size_t i, need = 0;
+	char *p;
+
+	lg->lg_status = status;
+	if (lg->lg_index != PD_DECODE) {
+		if (status < 200 || status >= 300) {
+			/* This leg failed: nothing may wait for it. */
+			pd_stop_legs(rq, (int)lg->lg_index);
+		}
+		pd_progress(rq);
+		return;
+	}
+	if (status >= 200 && status < 300) {
+		/* Held until every other leg said 2xx: copy it. */
+		for (i = 0; i < n; i++)
+			need += h[i].uh_name_len + h[i].uh_value_len + 2;
+		rq->pr_dh = malloc(n * sizeof(*rq->pr_dh) + need + 1);
+		if (rq->pr_dh == NULL) {
+			pd_attempt_failed(rq, lg, 503, "out_of_memory",
+			    "Out of memory", false);
+			return;
+		}
+		p = (char *)(rq->pr_dh + n);
+		for (i = 0; i < n; i++) {
+			memcpy(p, h[i].uh_name, h[i].uh_name_len);
+			p[h[i].uh_name_len] = '\0';
+			rq->pr_dh[i].uh_name = p;
+			rq->pr_dh[i].uh_name_len = h[i].uh_name_len;
+			p += h[i].uh_name_len + 1;
+			memcpy(p, h[i].uh_value, h[i].uh_value_len);
+			p[h[i].uh_value_len] = '\0';
+			rq->pr_dh[i].uh_value = p;
+			rq->pr_dh[i].uh_value_len = h[i].uh_value_len;
+			p += h[i].uh_value_len + 1;
+		}
+		rq->pr_ndh = n;
+		rq->pr_paused = true;
+		upstream_pause(lg->lg_up);
+	}
+	pd_progress(rq);
+}
+
+static void
+pd_on_body(void *arg, const char *data, size_t len)
+{
+	struct pd_leg *lg = arg;
+	struct pd_req *rq = lg->lg_rq;
+	bool ok = lg->lg_status >= 200 && lg->lg_status < 300;
+
+	if (len == 0)
+		return;
+	if (lg->lg_index == PD_DECODE && rq->pr_head_sent) {
+		pd_relay(rq, data, len);
+		return;
+	}
+	/* Other legs' 2xx bodies are discarded (gateway.md §11.5). */
+	if (lg->lg_index != PD_DECODE && ok)
+		return;
+	if (pd_keep(lg, data, len, FE_FANOUT_BODY_MAX) == -1 ||
+	    (ok && lg->lg_overflow)) {
+		pd_attempt_failed(rq, lg, 503, "out_of_memory",
+		    "Out of memory", false);
+		return;
+	}
+}
+
+static void
+pd_on_done(void *arg, enum upstream_error err)
+{
+	struct pd_leg *lg = arg;
+	struct pd_req *rq = lg->lg_rq;
+	struct conn *c = rq->pr_conn;
+	char labels[SHM_SERIES_NAME_MAX];
+
+	lg->lg_up = NULL;
+	lg->lg_done = true;
+	lg->lg_err = err;
+	if (err != UPSTREAM_OK) {
+		if (lg->lg_index == PD_DECODE && rq->pr_head_sent) {
+			/* Cut mid-body: the client sees the connection end. */
+			pd_outcomes(rq, lg->lg_status, NULL);
+			pd_stop_legs(rq, -1);
+			pd_count(rq, lg->lg_status, false);
+			rq->pr_conn = NULL;
+			conn_flush(c);
+			conn_request_abort(c);
+			pd_free(rq);
+			return;
+		}
+		if (rq->pr_head_sent)
+			return; /* a finished prefill's body broke: harmless */
+		if (lg->lg_index != PD_DECODE)
+			stats_add("smg_pd_bootstrap_failures_total", "", 1);
+		if (err == UPSTREAM_TIMEOUT)
+			pd_attempt_failed(rq, lg, 504, "call_upstream_timeout",
+			    "The worker did not answer in time", true);
+		else
+			pd_attempt_failed(rq, lg, 502, "pd_request_failed",
+			    "PD disaggregation request failed", true);
+		return;
+	}
+	if (lg->lg_index == PD_PREFILL && lg->lg_status >= 200 &&
+	    lg->lg_status < 300) {
+		snprintf(labels, sizeof(labels),
+		    "backend_type=\"pd\",model=\"%s\",runtime=\"%s\"",
+		    rq->pr_model, pd_runtime());
+		stats_observe("smg_pd_prefill_duration_seconds", labels,
+		    ev_now(fe->fe_loop) - lg->lg_sent);
+	}
+	if (lg->lg_index == PD_DECODE && rq->pr_head_sent) {
+		pd_finish(rq, true);
+		return;
+	}
+	pd_progress(rq);
+}
+
+/*
+ * Decides what the client gets once enough is known: an error of a leg
+ * other than decode (it wins), the held decode head, or a decode error.
+ */
+static void
+pd_progress(struct pd_req *rq)
+{
+	struct pd_leg *lg, *dec = &rq->pr_legs[PD_DECODE];
+	bool pending = false;
+	unsigned i;
+
+	if (rq->pr_head_sent)
+		return;
+	for (i = 0; i < rq->pr_nlegs; i++) {
+		lg = &rq->pr_legs[i];
+		if (i == PD_DECODE)
+			continue;
+		if (lg->lg_status == 0) {
+			pending = true;
+			continue;
+		}
+		if (lg->lg_status < 200 || lg->lg_status >= 300) {
+			if (lg->lg_done)
+				pd_leg_error(rq, lg);
+			return;
+		}
+	}
+	if (pending || dec->lg_status == 0)
+		return;
+	if (dec->lg_status >= 200 && dec->lg_status < 300) {
+		pd_release(rq);
+		return;
+	}
+	if (dec->lg_done)
+		pd_decode_error(rq, dec);
+}
+
+/* Every other leg answered 2xx: the decode response goes through. */
+static void
+pd_release(struct pd_req *rq)
+{
+	struct pd_leg *dec = &rq->pr_legs[PD_DECODE];
+	struct conn *c = rq->pr_conn;
+	bool keep_length;
+
+	keep_length = hdr_find(rq->pr_dh, rq->pr_ndh, "content-length") != NULL;
+	rq->pr_chunked = !keep_length && conn_http_minor(c) >= 1;
+	if (!keep_length && !rq->pr_chunked)
+		conn_set_close(c); /* HTTP/1.0: the close ends the body */
+	hdr_response_head(conn_out(c), dec->lg_status, rq->pr_dh, rq->pr_ndh,
+	    keep_length, rq->pr_streaming, rq->pr_chunked, rq->pr_id,
+	    dec->lg_d.dc_url, conn_keep_alive(c));
+	rq->pr_head_sent = true;
+	free(rq->pr_dh);
+	rq->pr_dh = NULL;
+	rq->pr_ndh = 0;
+	if (dec->lg_len > 0) {
+		pd_relay(rq, dec->lg_buf, dec->lg_len);
+		dec->lg_len = 0;
+	} else
+		conn_flush(c);
+	if (dec->lg_done) {
+		pd_finish(rq, true);
+		return;
+	}
+	if (rq->pr_paused && conn_pending(c) <= FE_OUT_HIGH) {
+		rq->pr_paused = false;
+		upstream_resume(dec->lg_up);
+	}
+}
+
+static void
+pd_relay(struct pd_req *rq, const char *data, size_t len)
+{
+	struct pd_leg *dec = &rq->pr_legs[PD_DECODE];
+	struct conn *c = rq->pr_conn;
+	struct http_out *o = conn_out(c);
+	char sz[24], labels[SHM_SERIES_NAME_MAX];
+	int n;
+
+	if (!rq->pr_ttft_done) {
+		rq->pr_ttft_done = true;
+		snprintf(labels, sizeof(labels),
+		    "backend_type=\"pd\",model=\"%s\",runtime=\"%s\"",
+		    rq->pr_model, pd_runtime());
+		stats_observe("smg_pd_ttft_seconds", labels,
+		    ev_now(fe->fe_loop) - rq->pr_start);
+	}
+	if (rq->pr_chunked) {
+		n = snprintf(sz, sizeof(sz), "%zx\r\n", len);
+		http_out_append(o, sz, (size_t)n);
+		http_out_append(o, data, len);
+		http_out_append(o, "\r\n", 2);
+	} else
+		http_out_append(o, data, len);
+	conn_flush(c);
+	if (!rq->pr_paused && conn_pending(c) > FE_OUT_HIGH &&
+	    dec->lg_up != NULL) {
+		rq->pr_paused = true;
+		upstream_pause(dec->lg_up);
+	}
+}
+
+/* The decode response ended: every leg records the final status. */
+static void
+pd_finish(struct pd_req *rq, bool ok)
+{
+	struct pd_leg *dec = &rq->pr_legs[PD_DECODE];
+	struct conn *c = rq->pr_conn;
+	char labels[128];
+
+	pd_outcomes(rq, dec->lg_status, NULL);
+	snprintf(labels, sizeof(labels),
+	    "router_type=\"http\",status_code=\"%d\",error_code=\"\"",
+	    dec->lg_status);
+	stats_add("smg_router_upstream_responses_total", labels, 1);
+	pd_stop_legs(rq, -1);
+	pd_count(rq, dec->lg_status, ok && dec->lg_status < 400);
+	rq->pr_conn = NULL;
+	if (rq->pr_chunked)
+		http_out_append(conn_out(c), "0\r\n\r\n", 5);
+	conn_request_done(c);
+	pd_free(rq);
+}
+
+/*
+ * The worker's error text: a JSON body's "message" or "error.message"
+ * (or "error" when a string), else the body itself.
+ */
+static void
+pd_worker_message(const char *body, size_t len, char *out, size_t outlen)
+{
+	const cJSON *m = NULL, *e;
+	cJSON *j;
+
+	snprintf(out, outlen, "%.*s", (int)(len < outlen ? len : outlen - 1),
+	    body != NULL ? body : "");
+	if (body == NULL || (j = cJSON_ParseWithLength(body, len)) == NULL)
+		return;
+	if (cJSON_IsObject(j)) {
+		m = cJSON_GetObjectItemCaseSensitive(j, "message");
+		e = cJSON_GetObjectItemCaseSensitive(j, "error");
+		if (!cJSON_IsString(m) && cJSON_IsString(e))
+			m = e;
+		else if (!cJSON_IsString(m) && cJSON_IsObject(e))
+			m = cJSON_GetObjectItemCaseSensitive(e, "message");
+	}
+	if (cJSON_IsString(m))
+		snprintf(out, outlen, "%s", m->valuestring);
+	cJSON_Delete(j);
+}
+
+/* The error code of gateway.md §11.4-§11.5 for a leg's status. */
+static int
+pd_map_status(const char *leg, int status, char *code, size_t len)
+{
+	const char *what;
+	int out = status;
+
+	switch (status) {
+	case 400:
+		what = "bad_request";
+		break;
+	case 404:
+		what = "not_found";
+		break;
+	case 500:
+		what = "internal_error";
+		break;
+	case 502:
+		what = "bad_gateway";
+		break;
+	case 503:
+		what = "unavailable";
+		break;
+	default:
+		what = "error";
+		out = 500;
+		break;
+	}
+	snprintf(code, len, "%s_%s", leg, what);
+	return out;
+}
+
+/* A leg other than decode answered non-2xx; its body is complete. */
+static void
+pd_leg_error(struct pd_req *rq, struct pd_leg *lg)
+{
+	char code[FE_CODE_MAX], msg[PD_MSG_MAX];
+	int status;
+
+	stats_add("smg_pd_bootstrap_failures_total", "", 1);
+	status = pd_map_status(pd_leg_names[lg->lg_index], lg->lg_status, code,
+	    sizeof(code));
+	pd_worker_message(lg->lg_buf, lg->lg_len, msg, sizeof(msg));
+	pd_attempt_failed(rq, lg, status, code, msg, false);
+}
+
+/* The decode leg answered non-2xx (gateway.md §11.4). */
+static void
+pd_decode_error(struct pd_req *rq, struct pd_leg *dec)
+{
+	struct conn *c = rq->pr_conn;
+	char code[FE_CODE_MAX], msg[PD_MSG_MAX];
+	cJSON *o, *e, *m;
+	char *s, *ev;
+	int status;
+
+	status = pd_map_status("decode", dec->lg_status, code, sizeof(code));
+	if (!rq->pr_streaming || (retry_status_retryable(dec->lg_status) &&
+	                             pd_can_retry(rq))) {
+		pd_worker_message(dec->lg_buf, dec->lg_len, msg, sizeof(msg));
+		pd_attempt_failed(rq, dec, status, code, msg, false);
+		return;
+	}
+	/* Streaming: an SSE error event with the decode status. */
+	status = dec->lg_status;
+	pd_outcomes(rq, status, NULL);
+	pd_stop_legs(rq, -1);
+	o = cJSON_CreateObject();
+	e = cJSON_AddObjectToObject(o, "error");
+	m = dec->lg_buf != NULL ? cJSON_ParseWithLength(dec->lg_buf, dec->lg_len)
+	                        : NULL;
+	if (m == NULL)
+		m = cJSON_CreateString(dec->lg_buf != NULL ? dec->lg_buf : "");
+	cJSON_AddItemToObject(e, "message", m);
+	cJSON_AddNumberToObject(e, "status", status);
+	s = cJSON_PrintUnformatted(o);
+	cJSON_Delete(o);
+	if (s == NULL || (ev = malloc(strlen(s) + 9)) == NULL) {
+		cJSON_free(s);
+		pd_fail(rq, 503, "out_of_memory", "Out of memory", 0);
+		return;
+	}
+	sprintf(ev, "data: %s\n\n", s);
+	cJSON_free(s);
+	pd_count(rq, status, false);
+	rq->pr_conn = NULL;
+	conn_respond(c, status, "text/event-stream", ev, strlen(ev),
+	    rq->pr_id);
+	free(ev);
+	pd_free(rq);
+}
+
+/*
+ * An attempt failed before anything reached the client: every leg is
+ * stopped and records the status, then retry or answer with the error.
+ */
+static void
+pd_attempt_failed(struct pd_req *rq, struct pd_leg *lg, int status,
+    const char *code, const char *msg, bool transport)
+{
+	char labels[192];
+
+	pd_outcomes(rq, status, transport ? lg : NULL);
+	pd_stop_legs(rq, -1);
+	snprintf(labels, sizeof(labels),
+	    "router_type=\"http\",status_code=\"%d\",error_code=\"%s\"", status,
+	    code);
+	stats_add("smg_router_upstream_responses_total", labels, 1);
+	if (retry_status_retryable(status) && pd_can_retry(rq)) {
+		pd_retry(rq, lg);
+		return;
+	}
+	if (retry_status_retryable(status)) {
+		snprintf(labels, sizeof(labels),
+		    "worker_type=\"%s\",endpoint=\"%s\"",
+		    pd_leg_names[lg->lg_index],
+		    extract_endpoint_name(rq->pr_ep));
+		stats_add("smg_worker_retries_exhausted_total", labels, 1);
+	}
+	pd_fail(rq, status, code, msg, 0);
+}
+
+/* Cancels the legs still running (all, or all but `keep`) and ends their
+ * in-flight counts. */
+static void
+pd_stop_legs(struct pd_req *rq, int keep)
+{
+	struct pd_leg *lg;
+	unsigned i;
+
+	for (i = 0; i < PD_NLEGS; i++) {
+		lg = &rq->pr_legs[i];
+		if ((int)i == keep)
+			continue;
+		if (lg->lg_up != NULL) {
+			upstream_cancel(lg->lg_up);
+			lg->lg_up = NULL;
+		}
+		if (lg->lg_inflight) {
+			lg->lg_inflight = false;
+			shm_inflight_dec(fe->fe_shm, fe->fe_row,
+			    lg->lg_d.dc_slot);
+		}
+	}
+	rq->pr_paused = false;
+}
+
+/* Each dispatched leg records the final status (gateway.md §7.2). */
+static void
+pd_outcomes(struct pd_req *rq, int status, const struct pd_leg *transport)
+{
+	struct pd_leg *lg;
+	unsigned i;
+
+	for (i = 0; i < rq->pr_nlegs; i++) {
+		lg = &rq->pr_legs[i];
+		if (!lg->lg_dispatched)
+			continue;
+		lg->lg_dispatched = false;
+		decide_outcome(lg->lg_d.dc_slot, lg->lg_d.dc_generation,
+		    status != 0 ? status : 502, lg == transport);
+	}
+}
+
+static bool
+pd_can_retry(struct pd_req *rq)
+{
+	return !rq->pr_head_sent && rq->pr_attempt + 1 < rq->pr_rp.rp_max_attempts;
+}
+
+/* Backs off, then selects a new pair (gateway.md §11.7). */
+static void
+pd_retry(struct pd_req *rq, const struct pd_leg *failed)
+{
+	struct pd_leg *lg;
+	char labels[128];
+	long ms;
+
+	if (failed != NULL) {
+		lg = &rq->pr_legs[failed->lg_index];
+		if (lg->lg_nexclude < FE_MAX_EXCLUDE)
+			lg->lg_exclude[lg->lg_nexclude++] = lg->lg_d.dc_slot;
+	}
+	ms = retry_backoff_ms(&rq->pr_rp, rq->pr_attempt, retry_unit());
+	snprintf(labels, sizeof(labels), "worker_type=\"%s\",endpoint=\"%s\"",
+	    failed != NULL ? pd_leg_names[failed->lg_index] : "prefill",
+	    extract_endpoint_name(rq->pr_ep));
+	stats_add("smg_worker_retries_total", labels, 1);
+	snprintf(labels, sizeof(labels), "attempt=\"%u\"", rq->pr_attempt + 1);
+	stats_observe("smg_worker_retry_backoff_seconds", labels,
+	    (double)ms / 1000.0);
+	rq->pr_attempt++;
+	ev_timer_set(&rq->pr_backoff, (double)ms / 1000.0, 0.);
+	ev_timer_start(fe->fe_loop, &rq->pr_backoff);
+}
+
+static void
+pd_backoff_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	(void)loop;
+	(void)revents;
+	pd_select(w->data);
+}
+
+static const char *
+pd_runtime(void)
+{
+	return fe->fe_cf->cf_backend != NULL ? fe->fe_cf->cf_backend
+	                                     : "sglang";
+}
+
+static void
+pd_count(struct pd_req *rq, int status, bool ok)
+{
+	char labels[SHM_SERIES_NAME_MAX];
+	const char *ep = extract_endpoint_name(rq->pr_ep);
+
+	local_count_response(rq->pr_hr, status);
+	snprintf(labels, sizeof(labels),
+	    "router_type=\"http\",backend_type=\"pd\","
+	    "connection_mode=\"http\",model=\"%s\",endpoint=\"%s\","
+	    "streaming=\"%s\"",
+	    rq->pr_model, ep, rq->pr_streaming ? "true" : "false");
+	stats_add("smg_router_requests_total", labels, 1);
+	if (ok) {
+		snprintf(labels, sizeof(labels),
+		    "router_type=\"http\",backend_type=\"pd\","
+		    "connection_mode=\"http\",model=\"%s\",endpoint=\"%s\"",
+		    rq->pr_model, ep);
+		stats_observe("smg_router_request_duration_seconds", labels,
+		    ev_now(fe->fe_loop) - rq->pr_start);
+	}
+}
+
+/* Answers with a gateway error and ends the request. */
+static void
+pd_fail(struct pd_req *rq, int status, const char *code, const char *msg,
+    int retry_after)
+{
+	char labels[SHM_SERIES_NAME_MAX];
+	struct conn *c = rq->pr_conn;
+
+	pd_count(rq, status, false);
+	snprintf(labels, sizeof(labels),
+	    "router_type=\"http\",backend_type=\"pd\","
+	    "connection_mode=\"http\",model=\"%s\",endpoint=\"%s\","
+	    "error_type=\"%s\"",
+	    rq->pr_model, extract_endpoint_name(rq->pr_ep), code);
+	stats_add("smg_router_request_errors_total", labels, 1);
+	rq->pr_conn = NULL;
+	conn_error(c, status, code, msg, rq->pr_id, retry_after);
+	pd_free(rq);
+}
+
+static void
+pd_gone(void *arg)
+{
+	struct pd_req *rq = arg;
+
+	rq->pr_conn = NULL;
+	pd_free(rq);
+}
+
+static void
+pd_drained(void *arg)
+{
+	struct pd_req *rq = arg;
+	struct pd_leg *dec = &rq->pr_legs[PD_DECODE];
+
+	if (rq->pr_paused && rq->pr_head_sent && dec->lg_up != NULL) {
+		rq->pr_paused = false;
+		upstream_resume(dec->lg_up);
+	}
+}
+
+static void
+pd_free(struct pd_req *rq)
+{
+	unsigned i;
+
+	ev_timer_stop(fe->fe_loop, &rq->pr_backoff);
+	for (i = 0; i < PD_NLEGS; i++)
+		decide_cancel(&rq->pr_legs[i].lg_di);
+	pd_stop_legs(rq, -1);
+	for (i = 0; i < PD_NLEGS; i++)
+		free(rq->pr_legs[i].lg_buf);
+	free(rq->pr_dh);
+	free(rq->pr_body);
+	extract_inputs_free(&rq->pr_in);
+	free(rq);
+}
+
+/* ------------------------------------------------- /health_generate */
+
+void
+pd_health_generate(struct conn *c, const struct http_request *hr,
+    const char *request_id)
+{
+	struct pd_health *ph;
+	unsigned i;
+
+	if ((ph = calloc(1, sizeof(*ph))) == NULL) {
+		conn_error(c, 503, "out_of_memory", "Out of memory", request_id,
+		    0);
+		local_count_response(hr, 503);
+		return;
+	}
+	ph->ph_conn = c;
+	ph->ph_hr = hr;
+	snprintf(ph->ph_id, sizeof(ph->ph_id), "%s", request_id);
+	ev_init(&ph->ph_timer, ph_timeout_cb);
+	ph->ph_timer.data = ph;
+	conn_set_handler(c, &ph_handler, ph);
+	ph->ph_pending = 2;
+	for (i = 0; i < 2; i++) {
+		ph->ph_di[i].di_in = &ph->ph_in;
+		ph->ph_di[i].di_leg = pd_leg_proto[i];
+		ph->ph_probe[i].pp_ph = ph;
+		ph->ph_probe[i].pp_i = i;
+		ph->ph_di[i].di_cb = ph_decided;
+		ph->ph_di[i].di_arg = &ph->ph_probe[i];
+		decide_submit(&ph->ph_di[i]);
+	}
+}
+
+static void
+ph_decided(void *arg, const struct decision *d)
+{
+	struct ph_probe *pp = arg;
+	struct pd_health *ph = pp->pp_ph;
+	struct upstream_header hdrs[HDR_UPSTREAM_MAX];
+	char auth[SHM_KEY_MAX + 16];
+	struct conn *c;
+	size_t n;
+	unsigned i;
+
+	ph->ph_d[pp->pp_i] = *d;
+	if (--ph->ph_pending > 0)
+		return;
+	if (!ph->ph_d[0].dc_ok || !ph->ph_d[1].dc_ok) {
+		c = ph->ph_conn;
+		ph->ph_conn = NULL;
+		local_count_response(ph->ph_hr, 503);
+		conn_error(c, 503, "no_healthy_worker_pair",
+		    "No healthy prefill/decode worker pair", ph->ph_id, 0);
+		ph_free(ph);
+		return;
+	}
+	for (i = 0; i < 2; i++) {
+		n = hdr_upstream(ph->ph_hr, ph->ph_id, ph->ph_d[i].dc_api_key,
+		    false, auth, sizeof(auth), hdrs, HDR_UPSTREAM_MAX);
+		ph->ph_up[i] = upstream_request(fe->fe_up, ph->ph_d[i].dc_url,
+		    "GET", "/health_generate", hdrs, n, NULL, 0, &ph_cbs,
+		    &ph->ph_probe[i]);
+		if (ph->ph_up[i] == NULL)
+			ph->ph_status[i] = -1;
+	}
+	ev_timer_set(&ph->ph_timer,
+	    (double)fe->fe_cf->cf_health_check_timeout_secs, 0.);
+	ev_timer_start(fe->fe_loop, &ph->ph_timer);
+	ph_finish(ph);
+}
+
+static void
+ph_head(void *arg, int status, const struct upstream_header *h, size_t n)
+{
+	struct ph_probe *pp = arg;
+
+	(void)h;
+	(void)n;
+	pp->pp_ph->ph_status[pp->pp_i] = status;
+}
+
+static void
+ph_body(void *arg, const char *data, size_t len)
+{
+	(void)arg;
+	(void)data;
+	(void)len;
+}
+
+static void
+ph_done(void *arg, enum upstream_error err)
+{
+	struct ph_probe *pp = arg;
+	struct pd_health *ph = pp->pp_ph;
+	unsigned i = pp->pp_i;
+
+	ph->ph_up[i] = NULL;
+	if (err != UPSTREAM_OK || ph->ph_status[i] == 0)
+		ph->ph_status[i] = -1;
+	ph_finish(ph);
+}
+
+static void
+ph_timeout_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	struct pd_health *ph = w->data;
+	unsigned i;
+
+	(void)loop;
+	(void)revents;
+	for (i = 0; i < 2; i++) {
+		if (ph->ph_up[i] != NULL) {
+			upstream_cancel(ph->ph_up[i]);
+			ph->ph_up[i] = NULL;
+			ph->ph_status[i] = -1;
+		}
+	}
+	ph_finish(ph);
+}
+
+/* Answers once both probes are over (or one failed). */
+static void
+ph_finish(struct pd_health *ph)
+{
+	struct conn *c = ph->ph_conn;
+	bool ok = true, over = true;
+	unsigned i;
+
+	for (i = 0; i < 2; i++) {
+		if (ph->ph_up[i] != NULL)
+			over = false;
+		else if (ph->ph_status[i] < 200 || ph->ph_status[i] >= 300)
+			ok = false;
+	}
+	if (ok && !over)
+		return;
+	ph->ph_conn = NULL;
+	if (ok) {
+		local_count_response(ph->ph_hr, 200);
+		conn_respond(c, 200, "text/plain", "OK", 2, ph->ph_id);
+	} else {
+		local_count_response(ph->ph_hr, 503);
+		conn_error(c, 503, "health_generate_failed",
+		    "Health generate failed on the prefill or decode worker",
+		    ph->ph_id, 0);
+	}
+	ph_free(ph);
+}
+
+static void
+ph_gone(void *arg)
+{
+	struct pd_health *ph = arg;
+
+	ph->ph_conn = NULL;
+	ph_free(ph);
+}
+
+static void
+ph_free(struct pd_health *ph)
+{
+	unsigned i;
+
+	ev_timer_stop(fe->fe_loop, &ph->ph_timer);
+	for (i = 0; i < 2; i++) {
+		decide_cancel(&ph->ph_di[i]);
+		if (ph->ph_up[i] != NULL)
+			upstream_cancel(ph->ph_up[i]);
+	}
+	free(ph);
+}
