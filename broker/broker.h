@@ -618,6 +618,7 @@ enum store_db {
 	STORE_DB_WORKERS = 0, /* url -> worker record JSON */
 	STORE_DB_ASSIGN, /* persist.c: manual and sticky assignments */
 	STORE_DB_JOURNAL, /* persist.c: cache_aware tree inserts */
+	STORE_DB_CHUNKS, /* persist.c: shared 4 KB pieces of journaled keys */
 	STORE_DB_COUNT,
 };
 
@@ -656,6 +657,19 @@ int store_each_db(struct store *st, enum store_db db, store_each_bin_cb cb,
     void *arg);
 /* Whether the queue must be written now (see above). */
 bool store_flush_due(const struct store *st, uint64_t now_ms);
+/*
+ * One read transaction for a restore: iterate a database and look records
+ * up from inside the callback. Values stay valid until store_reader_end.
+ * NULL (logged) on LMDB errors.
+ */
+struct store_reader;
+struct store_reader *store_reader_begin(struct store *st);
+int store_reader_each(struct store_reader *r, enum store_db db,
+    store_each_bin_cb cb, void *arg);
+/* 0 and *val set, or -1 when absent. */
+int store_reader_get(struct store_reader *r, enum store_db db,
+    const void *key, size_t klen, const void **val, size_t *vlen);
+void store_reader_end(struct store_reader *r);
 /* Write transactions committed so far (tests). */
 uint64_t store_txn_count(const struct store *st);
 

@@ -31,8 +31,8 @@
 
 #include "broker.h"
 
-#define PERSIST_VERSION  1
-#define PERSIST_HDR      8
+#define PERSIST_VERSION	 1
+#define PERSIST_HDR	 8
 #define PERSIST_NAME_MAX 0xffff
 
 /* A live journal record, by content hash. */

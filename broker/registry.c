@@ -499,6 +499,8 @@ registry_set_model(struct broker *br, struct worker *w, const char *model)
 	log_info("%s: worker %s model %s -> %s", __func__, w->wk_url,
 	    w->wk_model, model);
 	registry_unindex(br, w);
+	/* Its KV blocks were indexed under the old model. */
+	kvindex_worker_removed(br, w);
 	free(w->wk_model);
 	w->wk_model = xstrdup(model);
 	registry_index(br, w);

@@ -25,8 +25,9 @@
 #include "broker.h"
 
 /* Address space only: the file grows with what is written. */
-#define STORE_MAPSIZE ((size_t)16 * 1024 * 1024 * 1024)
-#define STORE_SCHEMA  "1"
+#define STORE_MAPSIZE   ((size_t)16 * 1024 * 1024 * 1024)
+#define STORE_SCHEMA    "1"
+#define STORE_ENV_FLAGS MDB_NOMETASYNC
 
 struct store_op {
 	int so_db; /* enum store_db */
@@ -53,6 +54,12 @@ static const char *const store_db_names[STORE_DB_COUNT] = {
 	"workers",
 	"assign",
 	"journal",
+	"chunks",
+};
+
+struct store_reader {
+	struct store *sr_st;
+	MDB_txn *sr_txn;
 };
 
 static void store_queue(struct store *st, int db, const void *key, size_t klen,
@@ -100,7 +107,7 @@ store_open(const char *dir)
 		goto fail;
 	if ((rv = mdb_env_set_maxdbs(st->st_env, STORE_DB_COUNT + 1)) != 0 ||
 	    (rv = mdb_env_set_mapsize(st->st_env, STORE_MAPSIZE)) != 0 ||
-	    (rv = mdb_env_open(st->st_env, dir, 0, 0600)) != 0)
+	    (rv = mdb_env_open(st->st_env, dir, STORE_ENV_FLAGS, 0600)) != 0)
 		goto fail_env;
 	if ((rv = mdb_txn_begin(st->st_env, NULL, 0, &txn)) != 0)
 		goto fail_env;
@@ -369,4 +376,71 @@ uint64_t
 store_txn_count(const struct store *st)
 {
 	return st->st_txns;
+}
+
+struct store_reader *
+store_reader_begin(struct store *st)
+{
+	struct store_reader *r = xcalloc(1, sizeof(*r));
+	int rv;
+
+	r->sr_st = st;
+	if ((rv = mdb_txn_begin(st->st_env, NULL, MDB_RDONLY, &r->sr_txn)) !=
+	    0) {
+		log_warnx("%s: begin: %s", __func__, mdb_strerror(rv));
+		free(r);
+		return NULL;
+	}
+	return r;
+}
+
+int
+store_reader_each(struct store_reader *r, enum store_db db,
+    store_each_bin_cb cb, void *arg)
+{
+	MDB_cursor *cur;
+	MDB_val k, v;
+	int rv;
+
+	if ((rv = mdb_cursor_open(r->sr_txn, r->sr_st->st_dbi[db], &cur)) !=
+	    0) {
+		log_warnx("%s: cursor: %s", __func__, mdb_strerror(rv));
+		return -1;
+	}
+	while ((rv = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) == 0) {
+		if (cb(arg, k.mv_data, k.mv_size, v.mv_data, v.mv_size) != 0) {
+			rv = MDB_NOTFOUND;
+			break;
+		}
+	}
+	mdb_cursor_close(cur);
+	if (rv != MDB_NOTFOUND) {
+		log_warnx("%s: %s", __func__, mdb_strerror(rv));
+		return -1;
+	}
+	return 0;
+}
+
+int
+store_reader_get(struct store_reader *r, enum store_db db, const void *key,
+    size_t klen, const void **val, size_t *vlen)
+{
+	MDB_val k, v;
+
+	k.mv_data = (void *)key;
+	k.mv_size = klen;
+	if (mdb_get(r->sr_txn, r->sr_st->st_dbi[db], &k, &v) != 0)
+		return -1;
+	*val = v.mv_data;
+	*vlen = v.mv_size;
+	return 0;
+}
+
+void
+store_reader_end(struct store_reader *r)
+{
+	if (r == NULL)
+		return;
+	mdb_txn_abort(r->sr_txn);
+	free(r);
 }

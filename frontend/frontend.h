@@ -355,17 +355,6 @@ uint64_t pd_room(void);
 int pd_inject(cJSON *body, const char *host, long port, const uint64_t *rooms,
     unsigned n, bool batch, const char *prefix);
 
-/* ---------------------------------------------------------- promload.c */
-
-/*
- * A gateway.md §9.3 load report ({"dp_rank_count":1,"loads":[{...}]}, one
- * synthetic rank, no absolute token counts) from Prometheus text of
- * len bytes (need not be NUL-terminated), with the SGLang or vLLM names of
- * workers.md §3. NULL when neither engine's presence gate metric is there
- * (or out of memory). The caller owns the result (cJSON_Delete).
- */
-cJSON *promload_report(const char *text, size_t len);
-
 /* ---------------------------------------------------------- local.c */
 
 /* Routes one complete request read on a connection of that kind. */

@@ -15,6 +15,7 @@
 #include "frontend/frontend.h"
 #include "shared/ipc.h"
 #include "shared/log.h"
+#include "shared/promload.h"
 
 #define LOCAL_LOADS_PATH    "/v1/loads?include=core,disagg,queues,memory"
 #define LOCAL_LOADS_TIMEOUT 5.0 /* per fetch, gateway.md §9.2 */
@@ -82,6 +83,7 @@ static void fanout_body(void *, const char *, size_t);
 static void fanout_done(void *, enum upstream_error);
 static void fanout_timeout_cb(struct ev_loop *, ev_timer *, int);
 static bool fanout_loads_answered(struct fanout_part *);
+static cJSON *fanout_prom_report(const char *, size_t);
 static void fanout_part_done(struct fanout_part *, enum upstream_error);
 static void fanout_gone(void *);
 static void fanout_finish(struct fanout *);
@@ -650,6 +652,50 @@ fanout_loads_answered(struct fanout_part *p)
 	return false;
 }
 
+/*
+ * The gateway.md §9.3 shape of a /metrics fallback report: one synthetic
+ * rank without absolute token counts, and no utilization for vLLM, which
+ * exports none (workers.md §3). NULL when there is no report or memory.
+ */
+static cJSON *
+fanout_prom_report(const char *text, size_t len)
+{
+	struct promload_report pr;
+	cJSON *rep, *loads, *rank;
+	bool ok;
+
+	if (promload_parse(text, len, NULL, &pr) == -1)
+		return NULL;
+	if ((rep = cJSON_CreateObject()) == NULL)
+		return NULL;
+	ok = cJSON_AddNumberToObject(rep, "dp_rank_count", 1) != NULL &&
+	    (loads = cJSON_AddArrayToObject(rep, "loads")) != NULL &&
+	    (rank = cJSON_CreateObject()) != NULL;
+	if (ok && !cJSON_AddItemToArray(loads, rank)) {
+		cJSON_Delete(rank);
+		ok = false;
+	}
+	ok = ok && cJSON_AddNumberToObject(rank, "dp_rank", 0) != NULL &&
+	    cJSON_AddNumberToObject(rank, "num_running_reqs",
+	        (double)pr.pr_num_running_reqs) != NULL &&
+	    cJSON_AddNumberToObject(rank, "num_waiting_reqs",
+	        (double)pr.pr_num_waiting_reqs) != NULL &&
+	    cJSON_AddNumberToObject(rank, "token_usage", pr.pr_token_usage) !=
+	        NULL &&
+	    cJSON_AddNumberToObject(rank, "gen_throughput",
+	        pr.pr_gen_throughput) != NULL &&
+	    cJSON_AddNumberToObject(rank, "cache_hit_rate",
+	        pr.pr_cache_hit_rate) != NULL;
+	if (ok && pr.pr_engine == PROMLOAD_SGLANG)
+		ok = cJSON_AddNumberToObject(rank, "utilization",
+		         pr.pr_utilization) != NULL;
+	if (!ok) {
+		cJSON_Delete(rep);
+		return NULL;
+	}
+	return rep;
+}
+
 /* The part's current request ended with err (its handle is gone). */
 static void
 fanout_part_done(struct fanout_part *p, enum upstream_error err)
@@ -667,7 +713,7 @@ fanout_part_done(struct fanout_part *p, enum upstream_error err)
 	} else if (fo->fo_kind == FANOUT_LOADS && err == UPSTREAM_OK &&
 	    !p->fp_overflow && p->fp_status >= 200 && p->fp_status < 300 &&
 	    p->fp_body != NULL)
-		p->fp_report = promload_report(p->fp_body, p->fp_len);
+		p->fp_report = fanout_prom_report(p->fp_body, p->fp_len);
 	if (--fo->fo_left == 0 && !fo->fo_starting)
 		fanout_finish(fo);
 }

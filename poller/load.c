@@ -1,7 +1,7 @@
 /*
- * load.c: load polling of Ready workers (gateway.md §9) and the two report
- * parsers, /v1/loads JSON (workers.md §2.2) and the Prometheus /metrics
- * fallback (workers.md §3).
+ * load.c: load polling of Ready workers (gateway.md §9): the /v1/loads
+ * JSON parser (workers.md §2.2) and the rank of the Prometheus /metrics
+ * fallback (workers.md §3, read by shared/promload.c).
  *
  * Every --load-monitor-interval seconds per Ready worker: GET /v1/loads
  * with the worker's bearer key and a 5 s deadline. A load response with
@@ -29,55 +29,10 @@
 #include "shared/config.h"
 #include "shared/log.h"
 #include "shared/metrics.h"
-
-/* Fallback metric names; the accumulators below are indexed by these. */
-enum load_metric {
-	LM_SG_RUNNING = 0, /* SGLang, after the prefix */
-	LM_SG_QUEUE,
-	LM_SG_USAGE,
-	LM_SG_TPUT,
-	LM_SG_HIT,
-	LM_SG_UTIL,
-	LM_SG_N, /* per prefix */
-	LM_VLLM_RUNNING = 2 * LM_SG_N,
-	LM_VLLM_WAITING,
-	LM_VLLM_USAGE_V1,
-	LM_VLLM_USAGE_V0,
-	LM_VLLM_HIT,
-	LM_N,
-};
-
-static const char *const load_sglang_names[LM_SG_N] = {
-	"num_running_reqs",
-	"num_queue_reqs",
-	"token_usage",
-	"gen_throughput",
-	"cache_hit_rate",
-	"utilization",
-};
-
-static const char *const load_sglang_prefixes[2] = { "sglang:", "sglang_" };
-
-static const char *const load_vllm_names[LM_N - LM_VLLM_RUNNING] = {
-	"vllm:num_requests_running",
-	"vllm:num_requests_waiting",
-	"vllm:kv_cache_usage_perc",
-	"vllm:gpu_cache_usage_perc",
-	"vllm:gpu_prefix_cache_hit_rate",
-};
-
-struct load_acc {
-	double la_sum;
-	unsigned long la_n;
-};
+#include "shared/promload.h"
 
 static int64_t load_int(const cJSON *o, const char *name);
 static double load_num(const cJSON *o, const char *name);
-static int load_sample(const char *line, size_t len, const char **name,
-    size_t *nlen, double *value);
-static int load_metric_of(const char *name, size_t nlen);
-static double load_mean(const struct load_acc *a);
-static int64_t load_count(const struct load_acc *a);
 static void load_fetch(struct pworker *pw, enum load_step step);
 static bool load_fallback_allowed(const struct pworker *pw);
 static void load_done_cb(void *arg, const struct http_client_result *res);
@@ -162,144 +117,23 @@ load_parse_json(const char *body, size_t len, Smg__RankLoad *ranks, size_t max,
 	return rv;
 }
 
-/*
- * One sample line: `name{labels} value [timestamp]` (the label block ends
- * at the last '}') or `name value`. Returns 0 with the name and value, -1
- * for anything else (comments, blanks, unparsable values).
- */
-static int
-load_sample(const char *line, size_t len, const char **name, size_t *nlen,
-    double *value)
-{
-	char num[64];
-	size_t i = 0, end, vlen;
-	char *stop;
-
-	while (i < len && (line[i] == ' ' || line[i] == '\t'))
-		i++;
-	if (i == len || line[i] == '#')
-		return -1;
-	*name = line + i;
-	while (i < len && line[i] != '{' && line[i] != ' ' && line[i] != '\t')
-		i++;
-	*nlen = (size_t)(line + i - *name);
-	if (*nlen == 0)
-		return -1;
-	if (i < len && line[i] == '{') {
-		for (end = len; end > i && line[end - 1] != '}'; end--)
-			;
-		if (end == i)
-			return -1;
-		i = end;
-	}
-	while (i < len && (line[i] == ' ' || line[i] == '\t'))
-		i++;
-	for (vlen = 0; i + vlen < len && line[i + vlen] != ' ' &&
-	     line[i + vlen] != '\t' && line[i + vlen] != '\r';
-	     vlen++)
-		;
-	if (vlen == 0 || vlen >= sizeof(num))
-		return -1;
-	memcpy(num, line + i, vlen);
-	num[vlen] = '\0';
-	*value = strtod(num, &stop);
-	if (*stop != '\0' || !isfinite(*value))
-		return -1;
-	return 0;
-}
-
-static int
-load_metric_of(const char *name, size_t nlen)
-{
-	size_t p, m, plen;
-
-	for (p = 0; p < 2; p++) {
-		plen = strlen(load_sglang_prefixes[p]);
-		if (nlen <= plen ||
-		    memcmp(name, load_sglang_prefixes[p], plen) != 0)
-			continue;
-		for (m = 0; m < LM_SG_N; m++) {
-			if (strlen(load_sglang_names[m]) == nlen - plen &&
-			    memcmp(name + plen, load_sglang_names[m],
-			        nlen - plen) == 0)
-				return (int)(p * LM_SG_N + m);
-		}
-	}
-	for (m = 0; m < LM_N - LM_VLLM_RUNNING; m++) {
-		if (strlen(load_vllm_names[m]) == nlen &&
-		    memcmp(name, load_vllm_names[m], nlen) == 0)
-			return (int)(LM_VLLM_RUNNING + m);
-	}
-	return -1;
-}
-
-static double
-load_mean(const struct load_acc *a)
-{
-	return a->la_n > 0 ? a->la_sum / (double)a->la_n : 0.0;
-}
-
-static int64_t
-load_count(const struct load_acc *a)
-{
-	if (a->la_sum >= 9.2e18)
-		return INT64_MAX;
-	if (a->la_sum <= -9.2e18)
-		return INT64_MIN;
-	return (int64_t)llround(a->la_sum);
-}
-
 int
 load_parse_prom(const char *body, size_t len, const char *runtime,
     Smg__RankLoad *rank)
 {
-	struct load_acc acc[LM_N];
-	const char *line = body, *nl, *name;
-	bool try_sglang, try_vllm;
-	size_t llen, nlen, p;
-	double v;
-	int m;
+	struct promload_report pr;
 
-	memset(acc, 0, sizeof(acc));
-	while (line < body + len) {
-		nl = memchr(line, '\n', (size_t)(body + len - line));
-		llen = nl != NULL ? (size_t)(nl - line)
-		                  : (size_t)(body + len - line);
-		if (load_sample(line, llen, &name, &nlen, &v) == 0 &&
-		    (m = load_metric_of(name, nlen)) >= 0) {
-			acc[m].la_sum += v;
-			acc[m].la_n++;
-		}
-		line += llen + 1;
-	}
-	try_sglang = runtime == NULL || strcmp(runtime, "vllm") != 0;
-	try_vllm = runtime == NULL || strcmp(runtime, "sglang") != 0;
 	smg__rank_load__init(rank);
-	for (p = 0; p < 2 && try_sglang; p++) {
-		const struct load_acc *a = &acc[p * LM_SG_N];
-
-		if (a[LM_SG_USAGE].la_n == 0)
-			continue;
-		rank->num_running_reqs = load_count(&a[LM_SG_RUNNING]);
-		rank->num_waiting_reqs = load_count(&a[LM_SG_QUEUE]);
-		rank->token_usage = load_mean(&a[LM_SG_USAGE]);
-		rank->gen_throughput = load_mean(&a[LM_SG_TPUT]);
-		rank->cache_hit_rate = load_mean(&a[LM_SG_HIT]);
-		rank->utilization = load_mean(&a[LM_SG_UTIL]);
-		return 0;
-	}
-	if (try_vllm &&
-	    (acc[LM_VLLM_USAGE_V1].la_n > 0 ||
-	        acc[LM_VLLM_USAGE_V0].la_n > 0)) {
-		rank->num_running_reqs = load_count(&acc[LM_VLLM_RUNNING]);
-		rank->num_waiting_reqs = load_count(&acc[LM_VLLM_WAITING]);
-		rank->token_usage = acc[LM_VLLM_USAGE_V1].la_n > 0
-		    ? load_mean(&acc[LM_VLLM_USAGE_V1])
-		    : load_mean(&acc[LM_VLLM_USAGE_V0]);
-		rank->cache_hit_rate = load_mean(&acc[LM_VLLM_HIT]);
-		return 0;
-	}
-	return -1;
+	if (promload_parse(body, len, runtime, &pr) == -1)
+		return -1;
+	/* One synthetic rank 0, without absolute token counts. */
+	rank->num_running_reqs = pr.pr_num_running_reqs;
+	rank->num_waiting_reqs = pr.pr_num_waiting_reqs;
+	rank->token_usage = pr.pr_token_usage;
+	rank->gen_throughput = pr.pr_gen_throughput;
+	rank->cache_hit_rate = pr.pr_cache_hit_rate;
+	rank->utilization = pr.pr_utilization;
+	return 0;
 }
 
 /* ----------------------------------------------------------- schedule */

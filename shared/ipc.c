@@ -585,7 +585,7 @@ ipc_client_new(struct ev_loop *loop, const char *url, enum ipc_client_kind kind,
 		goto fail;
 
 	if ((rv = nng_dial(cl->cl_sock, url, &cl->cl_dialer,
-		 NNG_FLAG_NONBLOCK)) != 0) {
+	         NNG_FLAG_NONBLOCK)) != 0) {
 		log_warnx("%s: dial %s: %s", __func__, url, nng_strerror(rv));
 		goto fail;
 	}
@@ -613,24 +613,16 @@ static void
 ipc_client_destroy(struct ipc_client *cl)
 {
 	struct ipc_req *rq, *next;
-	unsigned i, pass;
+	unsigned i;
 
 	cl->cl_closing = 1;
 	atomic_store(&cl->cl_stopping, 1);
 	if (cl->cl_kind == IPC_CLIENT_REQ_ONE)
 		ipc_one_stop(cl);
 	/*
-	 * Quiesce our aios before closing the socket: nng 1.5 can deadlock
-	 * in nng_close when context operations race with the teardown. A
-	 * callback that read cl_stopping before it was set may have
-	 * submitted once more, hence the second pass.
+	 * Callbacks see cl_stopping and queue instead of submitting the
+	 * receive; after this no nng thread touches the client.
 	 */
-	for (pass = 0; pass < 2; pass++) {
-		for (i = 0; i < cl->cl_nreq; i++) {
-			nng_aio_wait(cl->cl_reqs[i].rq_aio);
-		}
-	}
-	/* After this no nng thread touches the client. */
 	for (i = 0; i < cl->cl_nreq; i++)
 		nng_aio_stop(cl->cl_reqs[i].rq_aio);
 	for (i = 0; i < cl->cl_nreq; i++)
@@ -734,7 +726,10 @@ ipc_req_cb(void *arg)
 
 	rv = nng_aio_result(rq->rq_aio);
 	if (rq->rq_op == IPC_OP_SEND) {
-		if (rv == 0) {
+		/* Sent: nng owns the message; do not start the receive. */
+		if (rv == 0 && atomic_load(&cl->cl_stopping))
+			rv = NNG_ECLOSED;
+		else if (rv == 0) {
 			now = nng_clock();
 			if (now < rq->rq_deadline) {
 				rq->rq_op = IPC_OP_RECV;

@@ -95,6 +95,9 @@ struct ipc_client *ipc_client_new(struct ev_loop *loop, const char *url,
  * NNG_ECLOSED, on the calling (loop) thread, before this returns. Safe to
  * call from an ipc_reply_cb; the remaining callbacks then run with
  * NNG_ECLOSED after it returns. ipc_client_free(NULL) is a no-op.
+ * XXX nng 1.5.2 (Debian 12) can hang in nng_close on a REQ socket whose
+ * pipe is still receiving replies (fixed upstream in nng 1.8); a process
+ * that stops should let its requests finish (drain) before freeing.
  */
 void ipc_client_free(struct ipc_client *cl);
 

@@ -13,6 +13,7 @@
 #include <cmocka.h>
 #include <ev.h>
 #include <nng/nng.h>
+#include <nng/protocol/reqrep0/rep.h>
 
 #include "shared/ipc.h"
 #include "shared/log.h"
@@ -36,7 +37,7 @@ struct reply_rec {
 };
 
 struct server_state {
-	int ss_mode; /* 0 echo, 1 never reply, 2 decode frontend */
+	int ss_mode; /* 0 echo, 1 never reply, 2 decode frontend, 3 echo "x" */
 	int ss_seen;
 	char ss_last[64];
 };
@@ -100,6 +101,14 @@ server_cb(void *arg, const uint8_t *msg, size_t len, uint8_t **reply,
 		*reply_len = len + 1;
 		break;
 	case 1:
+		break;
+	case 3:
+		if (len == 1 && msg[0] == 'x') {
+			*reply = malloc(1);
+			assert_non_null(*reply);
+			(*reply)[0] = 'x';
+			*reply_len = 1;
+		}
 		break;
 	default:
 		if ((fm = ipc_decode_frontend(msg, len, &why)) == NULL) {
@@ -558,24 +567,34 @@ static void
 test_free_from_callback(void **state)
 {
 	struct fixture *fx = *state;
-	struct server_state ss = { .ss_mode = 0 };
+	struct server_state ss = { .ss_mode = 3 };
 	struct free_in_cb fc = { 0 };
 	struct ipc_server *srv;
 	int i;
 
+	/*
+	 * Only "x" is answered: no reply is on its way when the client
+	 * closes (nng 1.5 can hang in nng_close on a REQ socket that is
+	 * still receiving replies, see ipc.h).
+	 */
 	srv = ipc_server_new(fx->fx_loop, fx->fx_url, IPC_SERVER_REP, server_cb,
 	    &ss);
 	assert_non_null(srv);
 	fc.fc_cl = ipc_client_new(fx->fx_loop, fx->fx_url, IPC_CLIENT_REQ, 4);
 	assert_non_null(fc.fc_cl);
-	for (i = 0; i < 4; i++)
-		assert_int_equal(ipc_client_send(fc.fc_cl, (const uint8_t *)"x",
-		                     1, 5000, free_in_cb_reply, &fc),
+	for (i = 0; i < 3; i++)
+		assert_int_equal(ipc_client_send(fc.fc_cl,
+		                     (const uint8_t *)"hold", 4, 5000,
+		                     free_in_cb_reply, &fc),
 		    0);
+	assert_true(run_until(fx->fx_loop, &ss.ss_seen, 3, 5.0));
+	assert_int_equal(ipc_client_send(fc.fc_cl, (const uint8_t *)"x", 1,
+	                     5000, free_in_cb_reply, &fc),
+	    0);
 	assert_true(run_until(fx->fx_loop, &fc.fc_calls, 4, 5.0));
 	assert_int_equal(fc.fc_calls, 4);
-	/* The first answer freed the client; the rest were cancelled. */
-	assert_true(fc.fc_closed >= 1);
+	/* The answer freed the client; the three others were cancelled. */
+	assert_int_equal(fc.fc_closed, 3);
 	ipc_server_free(srv);
 }
 
@@ -718,6 +737,218 @@ test_garbage_keeps_serving(void **state)
 	ipc_server_free(srv);
 }
 
+/* ---- IPC_CLIENT_REQ_ONE: one request at a time, poll fds on the loop */
+
+/* Sends the next request from each reply, n in all. */
+struct one_chain {
+	struct ipc_client *oc_cl;
+	int oc_left;
+	int oc_done;
+	int oc_bad;
+	int oc_refused;
+	char oc_want[48];
+};
+
+static void one_chain_send(struct one_chain *oc);
+
+static void
+one_chain_cb(void *arg, int status, const uint8_t *reply, size_t len)
+{
+	struct one_chain *oc = arg;
+
+	oc->oc_done++;
+	if (status != 0 || len != strlen(oc->oc_want) ||
+	    memcmp(reply, oc->oc_want, len) != 0)
+		oc->oc_bad++;
+	/* Sending from the callback is allowed: the slot is free again. */
+	if (oc->oc_left > 0)
+		one_chain_send(oc);
+}
+
+static void
+one_chain_send(struct one_chain *oc)
+{
+	char msg[32];
+
+	snprintf(msg, sizeof(msg), "m%d", oc->oc_left--);
+	snprintf(oc->oc_want, sizeof(oc->oc_want), ">%s", msg);
+	assert_int_equal(ipc_client_send(oc->oc_cl, (const uint8_t *)msg,
+	                     strlen(msg), 3000, one_chain_cb, oc),
+	    0);
+	/* A second request while one is out is refused. */
+	if (ipc_client_send(oc->oc_cl, (const uint8_t *)"x", 1, 3000,
+	        one_chain_cb, oc) == -1)
+		oc->oc_refused++;
+	assert_int_equal(ipc_client_inflight(oc->oc_cl), 1);
+}
+
+static void
+test_one_round_trips(void **state)
+{
+	struct fixture *fx = *state;
+	struct server_state ss = { .ss_mode = 0 };
+	struct one_chain oc = { .oc_left = 200 };
+	struct ipc_server *srv;
+
+	srv = ipc_server_new(fx->fx_loop, fx->fx_url, IPC_SERVER_REP, server_cb,
+	    &ss);
+	assert_non_null(srv);
+	oc.oc_cl =
+	    ipc_client_new(fx->fx_loop, fx->fx_url, IPC_CLIENT_REQ_ONE, 0);
+	assert_non_null(oc.oc_cl);
+	one_chain_send(&oc);
+	assert_true(run_until(fx->fx_loop, &oc.oc_done, 200, 20.0));
+	assert_int_equal(oc.oc_bad, 0);
+	assert_int_equal(oc.oc_refused, 200);
+	assert_int_equal(ss.ss_seen, 200);
+	assert_int_equal(ipc_client_inflight(oc.oc_cl), 0);
+	ipc_client_free(oc.oc_cl);
+	ipc_server_free(srv);
+}
+
+/* A test-driven REP socket: answers when the test says, not the loop. */
+static void
+one_rep_answer(nng_socket rep, const char *want, const char *answer)
+{
+	char *buf;
+	size_t len;
+
+	assert_int_equal(nng_recv(rep, &buf, &len, NNG_FLAG_ALLOC), 0);
+	assert_int_equal(len, strlen(want));
+	assert_memory_equal(buf, want, len);
+	nng_free(buf, len);
+	assert_int_equal(nng_send(rep, (void *)answer, strlen(answer), 0), 0);
+}
+
+/*
+ * A request that times out frees the slot; its late reply reaches no
+ * callback, neither while the client is idle nor once the next request
+ * is out, and that next request gets its own answer.
+ */
+static void
+test_one_timeout_late_reply(void **state)
+{
+	struct fixture *fx = *state;
+	struct reply_rec rr = { 0 }, rr2 = { 0 }, rr3 = { 0 };
+	struct ipc_client *cl;
+	nng_socket rep;
+	int never = 0;
+	double start;
+
+	assert_int_equal(nng_rep0_open(&rep), 0);
+	assert_int_equal(nng_socket_set_ms(rep, NNG_OPT_RECVTIMEO, 3000), 0);
+	assert_int_equal(nng_listen(rep, fx->fx_url, NULL, 0), 0);
+	cl = ipc_client_new(fx->fx_loop, fx->fx_url, IPC_CLIENT_REQ_ONE, 1);
+	assert_non_null(cl);
+
+	start = ev_time();
+	assert_int_equal(send_str(cl, "a", 200, &rr), 0);
+	assert_true(run_until(fx->fx_loop, &rr.rr_done, 1, 5.0));
+	assert_int_equal(rr.rr_status, NNG_ETIMEDOUT);
+	assert_true(rr.rr_at - start >= 0.15);
+	assert_true(rr.rr_at - start < 1.2);
+	assert_int_equal(ipc_client_inflight(cl), 0);
+
+	/* Late reply while idle: dropped. */
+	one_rep_answer(rep, "a", "late-a");
+	run_until(fx->fx_loop, &never, 1, 0.2);
+	assert_int_equal(rr.rr_done, 1);
+
+	/* Times out again; its late reply is held when "c" goes out. */
+	assert_int_equal(send_str(cl, "b", 200, &rr2), 0);
+	assert_true(run_until(fx->fx_loop, &rr2.rr_done, 1, 5.0));
+	assert_int_equal(rr2.rr_status, NNG_ETIMEDOUT);
+	one_rep_answer(rep, "b", "late-b");
+	usleep(50000);
+	assert_int_equal(send_str(cl, "c", 3000, &rr3), 0);
+	one_rep_answer(rep, "c", ">c");
+	assert_true(run_until(fx->fx_loop, &rr3.rr_done, 1, 5.0));
+	assert_int_equal(rr3.rr_status, 0);
+	assert_string_equal(rr3.rr_body, ">c");
+	assert_int_equal(rr2.rr_done, 1);
+	ipc_client_free(cl);
+	nng_close(rep);
+}
+
+/* Sent before the server exists: waits for it until the deadline. */
+static void
+test_one_client_first(void **state)
+{
+	struct fixture *fx = *state;
+	struct server_state ss = { .ss_mode = 0 };
+	struct pending_server ps = { .ps_fx = fx, .ps_state = &ss };
+	struct reply_rec rr = { 0 }, rr2 = { 0 };
+	struct ipc_client *cl;
+	double start;
+
+	cl = ipc_client_new(fx->fx_loop, fx->fx_url, IPC_CLIENT_REQ_ONE, 1);
+	assert_non_null(cl);
+	start = ev_time();
+	assert_int_equal(send_str(cl, "nobody", 200, &rr), 0);
+	assert_true(run_until(fx->fx_loop, &rr.rr_done, 1, 5.0));
+	assert_int_equal(rr.rr_status, NNG_ETIMEDOUT);
+	assert_true(rr.rr_at - start < 1.2);
+
+	assert_int_equal(send_str(cl, "early", 4000, &rr2), 0);
+	ev_timer_init(&ps.ps_timer, start_server_cb, 0.3, 0);
+	ev_timer_start(fx->fx_loop, &ps.ps_timer);
+	assert_true(run_until(fx->fx_loop, &rr2.rr_done, 1, 6.0));
+	assert_non_null(ps.ps_srv);
+	assert_int_equal(rr2.rr_status, 0);
+	assert_string_equal(rr2.rr_body, ">early");
+	ipc_client_free(cl);
+	ipc_server_free(ps.ps_srv);
+}
+
+/* Freeing with a request out calls it back once with NNG_ECLOSED, and
+ * freeing from the callback is safe. */
+static void
+test_one_free(void **state)
+{
+	struct fixture *fx = *state;
+	struct server_state ss = { .ss_mode = 1 };
+	struct reply_rec rr = { 0 };
+	struct free_in_cb fc = { 0 };
+	struct ipc_server *srv;
+	struct ipc_client *cl;
+
+	srv = ipc_server_new(fx->fx_loop, fx->fx_url, IPC_SERVER_REP, server_cb,
+	    &ss);
+	assert_non_null(srv);
+	cl = ipc_client_new(fx->fx_loop, fx->fx_url, IPC_CLIENT_REQ_ONE, 1);
+	assert_non_null(cl);
+	assert_int_equal(send_str(cl, "pending", 10000, &rr), 0);
+	assert_true(run_until(fx->fx_loop, &ss.ss_seen, 1, 5.0));
+	ipc_client_free(cl);
+	assert_int_equal(rr.rr_done, 1);
+	assert_int_equal(rr.rr_status, NNG_ECLOSED);
+
+	ss.ss_mode = 0;
+	fc.fc_cl =
+	    ipc_client_new(fx->fx_loop, fx->fx_url, IPC_CLIENT_REQ_ONE, 1);
+	assert_non_null(fc.fc_cl);
+	assert_int_equal(ipc_client_send(fc.fc_cl, (const uint8_t *)"x", 1,
+	                     5000, free_in_cb_reply, &fc),
+	    0);
+	assert_true(run_until(fx->fx_loop, &fc.fc_calls, 1, 5.0));
+	assert_int_equal(fc.fc_calls, 1);
+	assert_int_equal(fc.fc_closed, 0);
+	ipc_server_free(srv);
+}
+
+/*
+ * nng 1.5.2 sometimes loses a request copy when the server's pipe closes
+ * while it is being sent (reachable only inside nng); only the restart
+ * test provokes that, so only its stacks are exempt from leak checks.
+ */
+const char *__lsan_default_suppressions(void);
+
+const char *
+__lsan_default_suppressions(void)
+{
+	return "leak:test_server_restart\n";
+}
+
 int
 main(void)
 {
@@ -749,6 +980,13 @@ main(void)
 		    teardown),
 		cmocka_unit_test_setup_teardown(test_garbage_keeps_serving,
 		    setup, teardown),
+		cmocka_unit_test_setup_teardown(test_one_round_trips, setup,
+		    teardown),
+		cmocka_unit_test_setup_teardown(test_one_timeout_late_reply,
+		    setup, teardown),
+		cmocka_unit_test_setup_teardown(test_one_client_first, setup,
+		    teardown),
+		cmocka_unit_test_setup_teardown(test_one_free, setup, teardown),
 	};
 
 	log_init("ipc_test", LOG_LEVEL_WARN);

@@ -351,6 +351,7 @@ defaults
     timeout client 600s
     timeout server 600s
     http-reuse always
+    option http-no-delay
 frontend bench
     bind 127.0.0.1:{port}
     default_backend workers
@@ -588,8 +589,7 @@ async def one_request(port, body, res, batch):
                      b"Accept: text/event-stream\r\n"
                      b"Connection: close\r\n"
                      b"Content-Length: " + str(len(body)).encode() +
-                     b"\r\n\r\n")
-        writer.write(body)
+                     b"\r\n\r\n" + body)
         await writer.drain()
         res.status, hdrs = await read_head(reader)
         await read_body(reader, writer, hdrs, feed, batch)
@@ -863,7 +863,8 @@ def report(args, m, info, res):
     L.append(f"- smg-c: `smg --policy P --frontends {args.cores}{extra} "
              f"--worker-urls w1..w4`, every other flag at its default; "
              f"nginx (worker_processes {args.cores}) and HAProxy (nbthread "
-             f"{args.cores}) round robin, keep-alive upstreams")
+             f"{args.cores}, option http-no-delay) round robin, keep-alive "
+             f"upstreams, responses streamed unbuffered")
     L.append(f"- **oracle bound: {fmt_pct(info['oracle'])}** of prompt "
              f"tokens are in leading blocks already seen earlier in the "
              f"replayed requests")

@@ -41,6 +41,7 @@ struct api {
 	uint64_t a_rng;
 	uint64_t a_next_id;
 	long a_started; /* wall clock, for "created" */
+	struct pdsim *a_pd; /* PD/EPD role */
 	char *a_model_json; /* the model id as a JSON string */
 };
 
@@ -56,6 +57,12 @@ struct api_req {
 	char ar_id[48];
 	char *ar_rid_json; /* /generate "rid" as JSON, or NULL */
 	char ar_extra[API_EXTRA_MAX];
+	/* PD: the bootstrap rendezvous, and what runs once it is over */
+	struct pdsim_req ar_pd;
+	uint32_t *ar_tok;
+	uint32_t ar_ntok;
+	uint32_t ar_max_tokens;
+	double ar_hold;
 };
 
 /* Output tokens: four characters each, like the input tokenizer. */
@@ -82,6 +89,7 @@ static void api_health_generate(struct api *, struct srv_conn *,
 static int api_token_cb(void *, const struct engine_info *);
 static void api_done_cb(void *, const struct engine_info *);
 static void api_req_free(struct api_req *);
+static void api_run(void *, int);
 static void api_stream_event(struct api_req *, const struct engine_info *);
 static cJSON *api_usage(const struct engine_info *);
 static cJSON *api_result(struct api_req *, const struct engine_info *);
@@ -122,6 +130,10 @@ api_new(struct ev_loop *loop, const struct api_config *cfg, struct engine *e,
 	a->a_fail_status = cfg->ac_fail_status;
 	a->a_rng = cfg->ac_seed ? cfg->ac_seed : 0x9e3779b97f4a7c15ULL;
 	a->a_started = (long)time(NULL);
+	a->a_pd = pdsim_new(loop, cfg->ac_role,
+	    cfg->ac_host != NULL ? cfg->ac_host : "127.0.0.1",
+	    cfg->ac_bootstrap_port, cfg->ac_bootstrap_dir,
+	    cfg->ac_bootstrap_timeout);
 	if ((s = cJSON_CreateString(cfg->ac_model)) == NULL ||
 	    (a->a_model_json = cJSON_PrintUnformatted(s)) == NULL)
 		fatalx("%s: out of memory", __func__);
@@ -135,6 +147,7 @@ api_free(struct api *a)
 	if (a == NULL)
 		return;
 	cJSON_free(a->a_model_json);
+	pdsim_free(a->a_pd);
 	free(a);
 }
 
@@ -436,6 +449,7 @@ api_abort(void *arg, void *ctx)
 
 	if (r->ar_ereq != NULL)
 		engine_cancel(a->a_engine, r->ar_ereq);
+	pdsim_cancel(&r->ar_pd);
 	api_req_free(r);
 }
 
@@ -445,6 +459,7 @@ api_req_free(struct api_req *r)
 	if (r == NULL)
 		return;
 	cJSON_free(r->ar_rid_json);
+	free(r->ar_tok);
 	free(r);
 }
 
@@ -625,6 +640,17 @@ api_infer(struct api *a, struct srv_conn *conn, const struct srv_request *req,
 	v = cJSON_GetObjectItemCaseSensitive(body, "rid");
 	if (route == API_ROUTE_GENERATE && cJSON_IsString(v))
 		r->ar_rid_json = cJSON_PrintUnformatted(v);
+	if (pdsim_parse(a->a_pd, req->sr_body, req->sr_body_len, body,
+	        &r->ar_pd) == -1) {
+		api_req_free(r);
+		err = "a decode request needs bootstrap_host, bootstrap_port "
+		      "and bootstrap_room";
+		goto bad;
+	}
+	/* A prefill or encode worker computes the prompt and one token. */
+	if (pdsim_role(a->a_pd) == SIM_ROLE_PREFILL ||
+	    pdsim_role(a->a_pd) == SIM_ROLE_ENCODE)
+		max_tokens = 1;
 	cJSON_Delete(body);
 	body = NULL;
 	api_extra(a, req, r->ar_extra, sizeof(r->ar_extra));
@@ -647,22 +673,60 @@ api_infer(struct api *a, struct srv_conn *conn, const struct srv_request *req,
 		stats_count_fault(a->a_stats, "closed");
 		r->ar_close = 1;
 	}
-	r->ar_ereq = engine_submit(a->a_engine, tok, ntok, max_tokens, hold,
-	    api_token_cb, api_done_cb, r);
-	if (r->ar_ereq == NULL) {
-		api_req_free(r);
-		api_error(a, conn, req, 503, "out of memory");
-		return;
-	}
+	r->ar_tok = tok;
+	r->ar_ntok = ntok;
+	r->ar_max_tokens = max_tokens;
+	r->ar_hold = hold;
 	srv_set_ctx(conn, r);
-	if (stream)
-		srv_stream_begin(conn, 200, "text/event-stream", r->ar_extra);
+	/* Decode: the KV cache of the prompt must arrive first. */
+	if (pdsim_wait(&r->ar_pd, api_run, r) == 0)
+		api_run(r, 1);
 	return;
 bad:
 	free(tok);
 	cJSON_Delete(body);
 	stats_count_fault(a->a_stats, "rejected");
 	api_error(a, conn, req, 400, err);
+}
+
+/* Runs a request in the engine (ok 0: its bootstrap transfer failed). */
+static void
+api_run(void *arg, int ok)
+{
+	struct api_req *r = arg;
+	struct api *a = r->ar_api;
+	char msg[PDSIM_KEY_MAX + 64], *s;
+	cJSON *o;
+
+	if (!ok) {
+		snprintf(msg, sizeof(msg),
+		    "KV transfer failed: room %s did not arrive",
+		    r->ar_pd.pq_wait);
+		o = cJSON_CreateObject();
+		cJSON_AddStringToObject(o, "object", "error");
+		cJSON_AddStringToObject(o, "message", msg);
+		cJSON_AddStringToObject(o, "type", "InternalServerError");
+		cJSON_AddNumberToObject(o, "code", 500);
+		s = cJSON_PrintUnformatted(o);
+		srv_respond(r->ar_conn, 500, "application/json", r->ar_extra,
+		    s != NULL ? s : "{}", s != NULL ? strlen(s) : 2);
+		cJSON_free(s);
+		cJSON_Delete(o);
+		api_req_free(r);
+		return;
+	}
+	r->ar_ereq = engine_submit(a->a_engine, r->ar_tok, r->ar_ntok,
+	    r->ar_max_tokens, r->ar_hold, api_token_cb, api_done_cb, r);
+	r->ar_tok = NULL; /* the engine took it */
+	if (r->ar_ereq == NULL) {
+		srv_respond(r->ar_conn, 503, "application/json", r->ar_extra,
+		    "{\"error\":\"out of memory\"}", 25);
+		api_req_free(r);
+		return;
+	}
+	if (r->ar_stream)
+		srv_stream_begin(r->ar_conn, 200, "text/event-stream",
+		    r->ar_extra);
 }
 
 /* One SSE event for the token just generated. */
@@ -836,6 +900,7 @@ api_done_cb(void *arg, const struct engine_info *info)
 		api_req_free(r);
 		return;
 	}
+	pdsim_publish(&r->ar_pd);
 	stats_record(a->a_stats, info->ei_prompt_tokens, info->ei_cached_tokens,
 	    (info->ei_first_token - info->ei_arrival) * 1000.0,
 	    (now - info->ei_arrival) * 1000.0);
@@ -1195,6 +1260,7 @@ api_sim_stats(struct api *a, struct srv_conn *conn,
 	engine_get_stats(a->a_engine, &es);
 	o = cJSON_CreateObject();
 	stats_to_json(a->a_stats, o);
+	pdsim_stats_json(a->a_pd, o);
 	cJSON_AddNumberToObject(o, "running", es.es_running);
 	cJSON_AddNumberToObject(o, "waiting", es.es_waiting);
 	cJSON_AddNumberToObject(o, "used_tokens", (double)es.es_used_tokens);

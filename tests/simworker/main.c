@@ -46,6 +46,10 @@ struct main_opts {
 	long long mo_fail_status;
 	double mo_start_delay;
 	long long mo_seed;
+	const char *mo_role;
+	long long mo_bootstrap_port;
+	const char *mo_bootstrap_dir;
+	double mo_bootstrap_timeout;
 	const char *mo_log_level;
 	int mo_help;
 };
@@ -67,6 +71,9 @@ static struct main_opts opts = {
 	.mo_kv_topic = "",
 	.mo_fail_status = 500,
 	.mo_seed = 1,
+	.mo_role = "regular",
+	.mo_bootstrap_port = -1,
+	.mo_bootstrap_timeout = 30,
 	.mo_log_level = "info",
 };
 
@@ -124,12 +131,23 @@ static const struct main_flag {
 	    "answer 503 for this many seconds (real time) after start" },
 	{ "seed", MAIN_FLAG_INT, &opts.mo_seed, 0, 9e18,
 	    "seed of the fault decisions" },
+	{ "role", MAIN_FLAG_STR, &opts.mo_role, 0, 0,
+	    "regular, prefill, decode or encode (PD/EPD)" },
+	{ "bootstrap-port", MAIN_FLAG_INT, &opts.mo_bootstrap_port, -1, 65535,
+	    "prefill/encode: bootstrap port it announces (-1: none)" },
+	{ "bootstrap-dir", MAIN_FLAG_STR, &opts.mo_bootstrap_dir, 0, 0,
+	    "directory where PD partners meet by bootstrap room" },
+	{ "bootstrap-timeout", MAIN_FLAG_DOUBLE, &opts.mo_bootstrap_timeout,
+	    0, 86400,
+	    "decode: seconds to wait for the prefill's room before failing" },
 	{ "log-level", MAIN_FLAG_STR, &opts.mo_log_level, 0, 0,
 	    "debug, info, warn or error" },
 	{ "help", MAIN_FLAG_BOOL, &opts.mo_help, 0, 0, "this text" },
 };
 
 #define MAIN_NFLAGS (sizeof(main_flags) / sizeof(main_flags[0]))
+
+static enum sim_role main_role;
 
 static void main_usage(void);
 static void main_bad(const char *, const char *) __attribute__((noreturn));
@@ -234,6 +252,8 @@ main_parse(int argc, char **argv)
 		main_bad("kv-capacity", "must hold 1 to 2^26 pages");
 	if (opts.mo_kv_capacity < 2)
 		main_bad("kv-capacity", "must be at least 2 tokens");
+	if (pdsim_role_parse(opts.mo_role, &main_role) == -1)
+		main_bad("role", "must be regular, prefill, decode or encode");
 }
 
 static void
@@ -337,6 +357,11 @@ main(int argc, char **argv)
 	ac.ac_ready_at = ev_now(loop) + opts.mo_start_delay;
 	ac.ac_seed = (uint64_t)opts.mo_seed;
 	ac.ac_time_scale = opts.mo_time_scale;
+	ac.ac_role = main_role;
+	ac.ac_host = opts.mo_host;
+	ac.ac_bootstrap_port = (long)opts.mo_bootstrap_port;
+	ac.ac_bootstrap_dir = opts.mo_bootstrap_dir;
+	ac.ac_bootstrap_timeout = opts.mo_bootstrap_timeout;
 	ac.ac_kv_endpoint = opts.mo_kv_endpoint;
 	ac.ac_kv_topic = opts.mo_kv_topic;
 	api = api_new(loop, &ac, engine, stats);
@@ -360,8 +385,8 @@ main(int argc, char **argv)
 	if (opts.mo_port_file != NULL &&
 	    main_write_port(opts.mo_port_file, srv_port(srv)) == -1)
 		fatalx("%s: cannot write the port file", __func__);
-	log_info("%s: engine %s, model %s, time scale %g%s", __func__,
-	    opts.mo_engine, opts.mo_model, opts.mo_time_scale,
+	log_info("%s: engine %s, role %s, model %s, time scale %g%s", __func__,
+	    opts.mo_engine, opts.mo_role, opts.mo_model, opts.mo_time_scale,
 	    opts.mo_start_delay > 0 ? ", starting" : "");
 
 	ev_signal_init(&sigterm, main_signal_cb, SIGTERM);

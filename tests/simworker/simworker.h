@@ -238,6 +238,69 @@ void stats_record(struct stats *s, uint32_t prompt, uint32_t cached,
 struct cJSON;
 void stats_to_json(const struct stats *s, struct cJSON *obj);
 
+/* pd.c */
+
+/* --role: what the worker is in a PD/EPD deployment (workers.md §1). */
+enum sim_role {
+	SIM_ROLE_REGULAR = 0,
+	SIM_ROLE_PREFILL,
+	SIM_ROLE_DECODE,
+	SIM_ROLE_ENCODE,
+};
+
+#define PDSIM_KEY_MAX 256
+
+struct pdsim;
+struct pdsim_req;
+typedef void (*pdsim_cb)(void *arg, int ok);
+
+/* The rendezvous of one request; embedded in it, filled by pdsim_parse. */
+struct pdsim_req {
+	struct pdsim *pq_sim;
+	int pq_has; /* the body carried a bootstrap_room */
+	char pq_wait[PDSIM_KEY_MAX]; /* room to wait for, "" none */
+	char pq_pub[PDSIM_KEY_MAX]; /* room to publish when done, "" none */
+	int pq_waiting;
+	double pq_deadline;
+	ev_timer pq_poll;
+	pdsim_cb pq_cb;
+	void *pq_arg;
+};
+
+const char *pdsim_role_name(enum sim_role r);
+/* "regular", "prefill", "decode", "encode": 0 and *out, or -1. */
+int pdsim_role_parse(const char *s, enum sim_role *out);
+/*
+ * host and bootstrap_port (-1 none) are this worker's identity as a
+ * bootstrap peer; dir is the rendezvous directory shared by the workers
+ * (NULL: rooms are recorded but nobody waits); timeout in real seconds.
+ */
+struct pdsim *pdsim_new(struct ev_loop *loop, enum sim_role role,
+    const char *host, long bootstrap_port, const char *dir, double timeout);
+void pdsim_free(struct pdsim *ps); /* NULL is a no-op */
+enum sim_role pdsim_role(const struct pdsim *ps);
+/*
+ * Reads the bootstrap fields of a request (raw is the body text, for the
+ * exact room) into q: decode waits for <bootstrap_host>_<port>_<room>;
+ * prefill waits for <encode_bootstrap_host>_<port>_<room> when given, and
+ * prefill and encode publish <own host>_<own port>_<room> when done.
+ * Returns 0, or -1 when a decode request lacks usable bootstrap fields.
+ */
+int pdsim_parse(struct pdsim *ps, const char *raw, size_t rawlen,
+    const struct cJSON *body, struct pdsim_req *q);
+/*
+ * Starts waiting when q names a room: returns 1 and calls cb(arg, ok)
+ * later (ok 0 on timeout); returns 0 (no callback) when there is nothing
+ * to wait for.
+ */
+int pdsim_wait(struct pdsim_req *q, pdsim_cb cb, void *arg);
+/* Stops a wait without its callback (the client went away). */
+void pdsim_cancel(struct pdsim_req *q);
+/* The request is done: its room is ready for its partner. */
+void pdsim_publish(struct pdsim_req *q);
+/* Adds "role" and "bootstrap" (counters, last rooms) to obj. */
+void pdsim_stats_json(const struct pdsim *ps, struct cJSON *obj);
+
 /* api.c */
 
 enum sim_engine_kind {
@@ -260,6 +323,12 @@ struct api_config {
 	double ac_ready_at; /* ev_now() before which everything answers 503 */
 	uint64_t ac_seed;
 	double ac_time_scale;
+	/* PD/EPD role and the bootstrap rendezvous (pd.c). */
+	enum sim_role ac_role;
+	const char *ac_host;
+	long ac_bootstrap_port; /* -1 none */
+	const char *ac_bootstrap_dir;
+	double ac_bootstrap_timeout;
 	/* KV-event publisher, shown as SGLang's kv_events_config; NULL none */
 	const char *ac_kv_endpoint;
 	const char *ac_kv_topic;
