@@ -50,6 +50,7 @@ static const char *const metrics_kind_names[] = {
 	[METRICS_COUNTER] = "counter",
 	[METRICS_GAUGE] = "gauge",
 	[METRICS_HISTOGRAM] = "histogram",
+	[METRICS_GAUGE_FLOAT] = "gauge",
 };
 
 static int metrics_valid_family(const char *);
@@ -255,7 +256,7 @@ metrics_register(struct shm *shm, enum metrics_kind kind, const char *name)
 		if (se->se_kind != (uint32_t)kind) {
 			log_warnx("%s: %s registered as %s, not %s", __func__,
 			    name,
-			    se->se_kind <= METRICS_HISTOGRAM
+			    se->se_kind <= METRICS_GAUGE_FLOAT
 			        ? metrics_kind_names[se->se_kind]
 			        : "?",
 			    metrics_kind_names[kind]);
@@ -275,7 +276,7 @@ metrics_series(struct shm *shm, enum metrics_kind kind, const char *family,
 	char name[SHM_SERIES_NAME_MAX];
 	int n;
 
-	if ((unsigned)kind > METRICS_HISTOGRAM) {
+	if ((unsigned)kind > METRICS_GAUGE_FLOAT) {
 		log_warnx("%s: bad kind %d", __func__, (int)kind);
 		return -1;
 	}
@@ -319,6 +320,14 @@ metrics_set(struct shm *shm, int row, int series, int64_t value)
 		return;
 	atomic_store_explicit(&shm_segment(shm)->sh_values[row][series], value,
 	    memory_order_relaxed);
+}
+
+void
+metrics_set_float(struct shm *shm, int row, int series, double value)
+{
+	if (!isfinite(value))
+		value = 0;
+	metrics_set(shm, row, series, llround(value * 1e6));
 }
 
 /* Same text for the same bound in every process: the series key. */
@@ -627,7 +636,7 @@ metrics_render(struct shm *shm, char **out, size_t *len)
 		    sizeof(me->me_name));
 		me->me_name[sizeof(me->me_name) - 1] = '\0';
 		me->me_kind = seg->sh_series[s].se_kind;
-		if (me->me_kind > METRICS_HISTOGRAM ||
+		if (me->me_kind > METRICS_GAUGE_FLOAT ||
 		    metrics_entry_parse(me) == -1)
 			continue;
 		me->me_value = 0;
@@ -658,8 +667,12 @@ metrics_render(struct shm *shm, char **out, size_t *len)
 			i = metrics_render_histogram(&mb, e, i, n);
 			continue;
 		}
-		metrics_printf(&mb, "%s %lld\n", e[i].me_name,
-		    (long long)e[i].me_value);
+		if (e[i].me_kind == METRICS_GAUGE_FLOAT)
+			metrics_printf(&mb, "%s %.6f\n", e[i].me_name,
+			    (double)e[i].me_value / 1e6);
+		else
+			metrics_printf(&mb, "%s %lld\n", e[i].me_name,
+			    (long long)e[i].me_value);
 		i++;
 	}
 	free(e);

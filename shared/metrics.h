@@ -26,6 +26,7 @@ enum metrics_kind {
 	METRICS_COUNTER = 0,
 	METRICS_GAUGE,
 	METRICS_HISTOGRAM,
+	METRICS_GAUGE_FLOAT, /* a gauge stored in millionths (ratios, rates) */
 };
 
 /*
@@ -49,6 +50,11 @@ int metrics_labels(char *buf, size_t len, ...);
 void metrics_add(struct shm *shm, int row, int series, int64_t delta);
 /* Sets this row's value (gauges owned by one process, e.g. the broker). */
 void metrics_set(struct shm *shm, int row, int series, int64_t value);
+/*
+ * Sets a METRICS_GAUGE_FLOAT series: the value is kept in millionths and
+ * rendered as a decimal, so ratios like KV usage keep six digits.
+ */
+void metrics_set_float(struct shm *shm, int row, int series, double value);
 
 #define METRICS_MAX_BUCKETS 24
 

@@ -109,6 +109,22 @@ test_counters_summed(void **state)
 }
 
 static void
+test_float_gauge(void **state)
+{
+	struct fixture *fx = *state;
+	char *out;
+	int g;
+
+	g = metrics_series(fx->fx_shm, METRICS_GAUGE_FLOAT, "smg_ratio", NULL);
+	assert_true(g >= 0);
+	metrics_set_float(fx->fx_shm, SHM_ROW_POLLER, g, 0.123456);
+	out = render(fx->fx_shm);
+	assert_string_equal(out,
+	    "# TYPE smg_ratio gauge\nsmg_ratio 0.123456\n");
+	free(out);
+}
+
+static void
 test_names_validated(void **state)
 {
 	struct fixture *fx = *state;
@@ -392,6 +408,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_empty_render, setup,
 		    teardown),
 		cmocka_unit_test_setup_teardown(test_counters_summed, setup,
+		    teardown),
+		cmocka_unit_test_setup_teardown(test_float_gauge, setup,
 		    teardown),
 		cmocka_unit_test_setup_teardown(test_names_validated, setup,
 		    teardown),
