@@ -14,11 +14,22 @@
  * than twice the trees' budgets. Replaying it in order into trees with the
  * same caps keeps the most recent prefixes, as the live trees did.
  *
+ * Keys are stored in pieces: every whole PERSIST_CHUNK bytes of a key is
+ * a chunk named by a chain hash (XXH3 of the chunk seeded with the hash
+ * of the chunk before it), written once and shared by every record whose
+ * key starts the same way. A conversation that grows by one turn writes
+ * its new chunk and a short record; a hot system prompt is stored once.
+ * Chunks are reference-counted in memory and deleted with their last
+ * record.
+ *
  * Journal record: key = sequence number (8 bytes, big-endian); value =
- * u8 version, u8 tree kind, u16 scope, model and url lengths (little-
- * endian), the three strings, then the key (UTF-8 bytes, or u32 token ids
- * in host order). Assignment record: key = scope NUL key; value = JSON
- * {"urls": [...], "last": <ms since the epoch>}.
+ * u8 version (2), u8 tree kind, u16 scope, model and url lengths, u32
+ * chunk count (all little-endian), the three strings, the chunks' chain
+ * hashes (u64 LE each), then the key's tail (< PERSIST_CHUNK bytes). Key
+ * bytes are UTF-8, or u32 token ids in host order. Chunk record: key =
+ * chain hash (u64 LE), value = PERSIST_CHUNK bytes. Assignment record:
+ * key = scope NUL key; value = JSON {"urls": [...], "last": <ms since the
+ * epoch>}.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,16 +42,27 @@
 
 #include "broker.h"
 
-#define PERSIST_VERSION	 1
-#define PERSIST_HDR	 8
+#define PERSIST_VERSION  2
+#define PERSIST_HDR      12
 #define PERSIST_NAME_MAX 0xffff
+#define PERSIST_CHUNK    4096 /* a multiple of 4: token keys split too */
+#define PERSIST_SEED     0x736d67632d6a6eULL
 
 /* A live journal record, by content hash. */
 struct persist_rec {
 	uint64_t pr_hash;
 	uint64_t pr_seq;
-	uint64_t pr_bytes;
+	uint64_t pr_units;
+	uint64_t *pr_chunks; /* chain hashes */
+	uint32_t pr_nchunks;
 	struct persist_rec *pr_next;
+};
+
+/* A stored chunk and the number of live records using it. */
+struct persist_chunk {
+	uint64_t pc_hash;
+	uint32_t pc_refs;
+	struct persist_chunk *pc_next;
 };
 
 /* Journal order: every record written, oldest first (dead ones too). */
@@ -61,14 +83,14 @@ struct persist {
 	uint64_t pe_bytes; /* live journal size in chars and tokens */
 	uint64_t pe_budget; /* chars and tokens; 0 until a tree registers */
 	uint64_t pe_records; /* written or replayed */
+	struct persist_chunk **pe_chunks;
+	size_t pe_nchunkb; /* buckets, power of two */
+	size_t pe_nchunks;
+	unsigned char *pe_buf; /* record being built or key being rebuilt */
+	size_t pe_bufcap;
 };
 
-struct persist_restore_ctx {
-	struct broker *rc_br;
-	uint64_t rc_replayed;
-	uint64_t rc_skipped;
-	uint64_t rc_assign;
-};
+struct persist_restore_ctx;
 
 static struct persist_rec **persist_find(struct persist *pe, uint64_t hash);
 static void persist_map_grow(struct persist *pe);
@@ -76,11 +98,19 @@ static void persist_fifo_push(struct persist *pe, uint64_t seq, uint64_t h);
 static void persist_forget(struct broker *br, struct persist_rec **pp);
 static void persist_trim(struct broker *br);
 static void persist_remember(struct broker *br, uint64_t seq, uint64_t hash,
-    uint64_t bytes);
+    uint64_t units, const uint64_t *chunks, uint32_t nchunks);
+static struct persist_chunk **persist_chunk_find(struct persist *pe,
+    uint64_t hash);
+static bool persist_chunk_ref(struct persist *pe, uint64_t hash);
+static void persist_chunk_unref(struct broker *br, uint64_t hash);
+static unsigned char *persist_buf(struct persist *pe, size_t len);
+static void persist_le(uint64_t v, unsigned char *out, int n);
+static uint64_t persist_get_le(const unsigned char *p, int n);
+static int persist_orphan_cb(void *arg, const void *key, size_t klen,
+    const void *val, size_t vlen);
 static uint64_t persist_units(int kind, size_t keylen);
 static void persist_be64(uint64_t v, unsigned char out[8]);
 static uint64_t persist_get_be64(const unsigned char *p);
-static uint16_t persist_get_le16(const unsigned char *p);
 static struct policy *persist_policy(struct broker *br, const char *scope);
 static void persist_find_cb(void *arg, struct policy *p);
 static int persist_journal_cb(void *arg, const void *key, size_t klen,
@@ -96,6 +126,8 @@ persist_init(struct broker *br)
 	pe->pe_nmap = 1024;
 	pe->pe_map = xcalloc(pe->pe_nmap, sizeof(*pe->pe_map));
 	pe->pe_next_seq = 1;
+	pe->pe_nchunkb = 1024;
+	pe->pe_chunks = xcalloc(pe->pe_nchunkb, sizeof(*pe->pe_chunks));
 	br->br_persist = pe;
 }
 
@@ -104,6 +136,7 @@ persist_free(struct broker *br)
 {
 	struct persist *pe = br->br_persist;
 	struct persist_rec *r, *next;
+	struct persist_chunk *c, *cnext;
 	size_t i;
 
 	if (pe == NULL)
@@ -111,9 +144,18 @@ persist_free(struct broker *br)
 	for (i = 0; i < pe->pe_nmap; i++) {
 		for (r = pe->pe_map[i]; r != NULL; r = next) {
 			next = r->pr_next;
+			free(r->pr_chunks);
 			free(r);
 		}
 	}
+	for (i = 0; i < pe->pe_nchunkb; i++) {
+		for (c = pe->pe_chunks[i]; c != NULL; c = cnext) {
+			cnext = c->pc_next;
+			free(c);
+		}
+	}
+	free(pe->pe_chunks);
+	free(pe->pe_buf);
 	free(pe->pe_map);
 	free(pe->pe_fifo);
 	free(pe);
@@ -162,10 +204,38 @@ persist_get_be64(const unsigned char *p)
 	return v;
 }
 
-static uint16_t
-persist_get_le16(const unsigned char *p)
+static void
+persist_le(uint64_t v, unsigned char *out, int n)
 {
-	return (uint16_t)(p[0] | (p[1] << 8));
+	int i;
+
+	for (i = 0; i < n; i++, v >>= 8)
+		out[i] = (unsigned char)(v & 0xff);
+}
+
+static uint64_t
+persist_get_le(const unsigned char *p, int n)
+{
+	uint64_t v = 0;
+	int i;
+
+	for (i = n - 1; i >= 0; i--)
+		v = (v << 8) | p[i];
+	return v;
+}
+
+static unsigned char *
+persist_buf(struct persist *pe, size_t len)
+{
+	unsigned char *b;
+
+	if (len > pe->pe_bufcap) {
+		if ((b = realloc(pe->pe_buf, len)) == NULL)
+			return NULL;
+		pe->pe_buf = b;
+		pe->pe_bufcap = len;
+	}
+	return pe->pe_buf;
 }
 
 /* ------------------------------------------------------------ scopes */
@@ -223,6 +293,72 @@ persist_policy(struct broker *br, const char *scope)
 
 	policy_each(br, persist_find_cb, &fc);
 	return fc.fc_found;
+}
+
+/* ------------------------------------------------------------ chunks */
+
+static struct persist_chunk **
+persist_chunk_find(struct persist *pe, uint64_t hash)
+{
+	struct persist_chunk **pp;
+
+	for (pp = &pe->pe_chunks[hash & (pe->pe_nchunkb - 1)]; *pp != NULL;
+	     pp = &(*pp)->pc_next) {
+		if ((*pp)->pc_hash == hash)
+			return pp;
+	}
+	return pp;
+}
+
+/* Takes a reference; true when the chunk is new (to be written). */
+static bool
+persist_chunk_ref(struct persist *pe, uint64_t hash)
+{
+	struct persist_chunk **pp = persist_chunk_find(pe, hash), *c, *next;
+	struct persist_chunk **nb;
+	size_t i, n;
+
+	if (*pp != NULL) {
+		(*pp)->pc_refs++;
+		return false;
+	}
+	if (pe->pe_nchunks >= pe->pe_nchunkb) {
+		n = pe->pe_nchunkb * 2;
+		nb = xcalloc(n, sizeof(*nb));
+		for (i = 0; i < pe->pe_nchunkb; i++) {
+			for (c = pe->pe_chunks[i]; c != NULL; c = next) {
+				next = c->pc_next;
+				c->pc_next = nb[c->pc_hash & (n - 1)];
+				nb[c->pc_hash & (n - 1)] = c;
+			}
+		}
+		free(pe->pe_chunks);
+		pe->pe_chunks = nb;
+		pe->pe_nchunkb = n;
+		pp = persist_chunk_find(pe, hash);
+	}
+	c = xcalloc(1, sizeof(*c));
+	c->pc_hash = hash;
+	c->pc_refs = 1;
+	*pp = c;
+	pe->pe_nchunks++;
+	return true;
+}
+
+static void
+persist_chunk_unref(struct broker *br, uint64_t hash)
+{
+	struct persist *pe = br->br_persist;
+	struct persist_chunk **pp = persist_chunk_find(pe, hash), *c;
+	unsigned char k[8];
+
+	if ((c = *pp) == NULL || --c->pc_refs > 0)
+		return;
+	persist_le(hash, k, 8);
+	store_del_db(br->br_store, STORE_DB_CHUNKS, k, sizeof(k));
+	*pp = c->pc_next;
+	free(c);
+	pe->pe_nchunks--;
 }
 
 /* ------------------------------------------------------------ journal */
@@ -294,18 +430,22 @@ persist_fifo_push(struct persist *pe, uint64_t seq, uint64_t h)
 	pe->pe_len++;
 }
 
-/* Deletes the record *pp (live) from the map and the database. */
+/* Deletes the live record *pp from the map and the database. */
 static void
 persist_forget(struct broker *br, struct persist_rec **pp)
 {
 	struct persist *pe = br->br_persist;
 	struct persist_rec *r = *pp;
 	unsigned char k[8];
+	uint32_t i;
 
 	persist_be64(r->pr_seq, k);
 	store_del_db(br->br_store, STORE_DB_JOURNAL, k, sizeof(k));
-	pe->pe_bytes -= r->pr_bytes < pe->pe_bytes ? r->pr_bytes : pe->pe_bytes;
+	for (i = 0; i < r->pr_nchunks; i++)
+		persist_chunk_unref(br, r->pr_chunks[i]);
+	pe->pe_bytes -= r->pr_units < pe->pe_bytes ? r->pr_units : pe->pe_bytes;
 	*pp = r->pr_next;
+	free(r->pr_chunks);
 	free(r);
 	pe->pe_nrec--;
 }
@@ -329,8 +469,10 @@ persist_trim(struct broker *br)
 		pe->pe_head = 0;
 }
 
+/* A live record (chunks already referenced); replaces an older copy. */
 static void
-persist_remember(struct broker *br, uint64_t seq, uint64_t hash, uint64_t bytes)
+persist_remember(struct broker *br, uint64_t seq, uint64_t hash, uint64_t units,
+    const uint64_t *chunks, uint32_t nchunks)
 {
 	struct persist *pe = br->br_persist;
 	struct persist_rec **pp, *r;
@@ -343,11 +485,16 @@ persist_remember(struct broker *br, uint64_t seq, uint64_t hash, uint64_t bytes)
 	r = xcalloc(1, sizeof(*r));
 	r->pr_hash = hash;
 	r->pr_seq = seq;
-	r->pr_bytes = bytes;
+	r->pr_units = units;
+	if (nchunks > 0) {
+		r->pr_chunks = xcalloc(nchunks, sizeof(*r->pr_chunks));
+		memcpy(r->pr_chunks, chunks, nchunks * sizeof(*chunks));
+	}
+	r->pr_nchunks = nchunks;
 	r->pr_next = pe->pe_map[hash & (pe->pe_nmap - 1)];
 	pe->pe_map[hash & (pe->pe_nmap - 1)] = r;
 	pe->pe_nrec++;
-	pe->pe_bytes += bytes;
+	pe->pe_bytes += units;
 	persist_fifo_push(pe, seq, hash);
 	if (seq >= pe->pe_next_seq)
 		pe->pe_next_seq = seq + 1;
@@ -359,11 +506,13 @@ persist_tree_insert(struct broker *br, const struct policy *p,
     size_t keylen)
 {
 	struct persist *pe = br->br_persist;
+	const unsigned char *kb = key;
 	char scope[SHM_MODEL_MAX + 16];
-	size_t ls, lm, lu, len;
+	size_t ls, lm, lu, len, off, tail;
 	unsigned char *v, k[8];
 	struct persist_rec **pp;
-	uint64_t h, seq, span;
+	uint64_t h, seq, span, chain, *chunks;
+	uint32_t nch, i;
 
 	if (pe == NULL || br->br_store == NULL || br->br_restoring)
 		return;
@@ -372,47 +521,71 @@ persist_tree_insert(struct broker *br, const struct policy *p,
 	lm = strlen(model);
 	lu = strlen(url);
 	if (ls > PERSIST_NAME_MAX || lm > PERSIST_NAME_MAX ||
-	    lu > PERSIST_NAME_MAX)
+	    lu > PERSIST_NAME_MAX || keylen / PERSIST_CHUNK > UINT32_MAX / 8)
 		return;
-	len = PERSIST_HDR + ls + lm + lu + keylen;
-	v = malloc(len);
-	if (v == NULL) {
+	nch = (uint32_t)(keylen / PERSIST_CHUNK);
+	tail = keylen - (size_t)nch * PERSIST_CHUNK;
+	len = PERSIST_HDR + ls + lm + lu + (size_t)nch * 8 + tail;
+	if ((v = persist_buf(pe, len)) == NULL) {
 		log_warnx("%s: out of memory, insert not journaled", __func__);
 		return;
 	}
 	v[0] = PERSIST_VERSION;
 	v[1] = (unsigned char)kind;
-	v[2] = (unsigned char)(ls & 0xff);
-	v[3] = (unsigned char)(ls >> 8);
-	v[4] = (unsigned char)(lm & 0xff);
-	v[5] = (unsigned char)(lm >> 8);
-	v[6] = (unsigned char)(lu & 0xff);
-	v[7] = (unsigned char)(lu >> 8);
+	persist_le(ls, v + 2, 2);
+	persist_le(lm, v + 4, 2);
+	persist_le(lu, v + 6, 2);
+	persist_le(nch, v + 8, 4);
 	memcpy(v + PERSIST_HDR, scope, ls);
 	memcpy(v + PERSIST_HDR + ls, model, lm);
 	memcpy(v + PERSIST_HDR + ls + lm, url, lu);
-	if (keylen > 0)
-		memcpy(v + PERSIST_HDR + ls + lm + lu, key, keylen);
-	h = XXH3_64bits(v, len);
+	off = PERSIST_HDR + ls + lm + lu;
+	/* Identity of the insert: the names and the whole key. */
+	h = XXH3_64bits_withSeed(key, keylen, XXH3_64bits(v, off));
 	pp = persist_find(pe, h);
 	if (*pp != NULL) {
 		/* Recent enough: replay order barely changes. */
 		span = pe->pe_next_seq -
 		    (pe->pe_len > 0 ? pe->pe_fifo[pe->pe_head].pf_seq
 		                    : pe->pe_next_seq);
-		if ((*pp)->pr_seq + span / 4 >= pe->pe_next_seq) {
-			free(v);
+		if ((*pp)->pr_seq + span / 4 >= pe->pe_next_seq)
 			return;
+	}
+	chunks = xcalloc(nch > 0 ? nch : 1, sizeof(*chunks));
+	chain = PERSIST_SEED + (uint64_t)kind;
+	for (i = 0; i < nch; i++) {
+		chain = XXH3_64bits_withSeed(kb + (size_t)i * PERSIST_CHUNK,
+		    PERSIST_CHUNK, chain);
+		chunks[i] = chain;
+		persist_le(chain, v + off + (size_t)i * 8, 8);
+		if (persist_chunk_ref(pe, chain)) {
+			persist_le(chain, k, 8);
+			store_put_db(br->br_store, STORE_DB_CHUNKS, k,
+			    sizeof(k), kb + (size_t)i * PERSIST_CHUNK,
+			    PERSIST_CHUNK);
 		}
 	}
+	if (tail > 0)
+		memcpy(v + off + (size_t)nch * 8,
+		    kb + (size_t)nch * PERSIST_CHUNK, tail);
 	seq = pe->pe_next_seq++;
 	persist_be64(seq, k);
 	store_put_db(br->br_store, STORE_DB_JOURNAL, k, sizeof(k), v, len);
-	free(v);
-	persist_remember(br, seq, h, persist_units(kind, keylen));
+	/* After the put: a replaced copy may drop the last chunk refs. */
+	persist_remember(br, seq, h, persist_units(kind, keylen), chunks, nch);
+	free(chunks);
 	pe->pe_records++;
 	persist_trim(br);
 }
+
+struct persist_restore_ctx {
+	struct broker *rc_br;
+	struct store_reader *rc_rd;
+	uint64_t rc_replayed;
+	uint64_t rc_skipped;
+	uint64_t rc_assign;
+	uint64_t rc_orphans;
+};
 
 static int
 persist_journal_cb(void *arg, const void *key, size_t klen, const void *val,
@@ -420,38 +593,58 @@ persist_journal_cb(void *arg, const void *key, size_t klen, const void *val,
 {
 	struct persist_restore_ctx *rc = arg;
 	struct broker *br = rc->rc_br;
+	struct persist *pe = br->br_persist;
 	const unsigned char *v = val;
+	const void *cv;
 	char scope[SHM_MODEL_MAX + 16], model[SHM_MODEL_MAX], url[SHM_URL_MAX];
-	size_t ls, lm, lu, off;
+	unsigned char ck[8], *kb;
+	size_t ls, lm, lu, off, tail, keylen, cl;
+	uint64_t *chunks = NULL, h;
+	uint32_t nch = 0, i, got = 0;
 	struct policy *p;
 	struct worker *w;
-	uint64_t seq;
 
-	if (klen != 8 || vlen < PERSIST_HDR || v[0] != PERSIST_VERSION) {
-		rc->rc_skipped++;
-		return 0;
-	}
-	seq = persist_get_be64(key);
-	ls = persist_get_le16(v + 2);
-	lm = persist_get_le16(v + 4);
-	lu = persist_get_le16(v + 6);
+	if (klen != 8 || vlen < PERSIST_HDR || v[0] != PERSIST_VERSION)
+		goto drop;
+	ls = persist_get_le(v + 2, 2);
+	lm = persist_get_le(v + 4, 2);
+	lu = persist_get_le(v + 6, 2);
+	nch = (uint32_t)persist_get_le(v + 8, 4);
 	off = PERSIST_HDR + ls + lm + lu;
-	/* Unreadable or foreign: forgotten by deleting it. */
-	if (off > vlen || ls >= sizeof(scope) || lm >= sizeof(model) ||
-	    lu >= sizeof(url) || v[1] > 1 ||
-	    (v[1] == 1 && (vlen - off) % 4 != 0)) {
-		store_del_db(br->br_store, STORE_DB_JOURNAL, key, klen);
-		rc->rc_skipped++;
-		return 0;
-	}
+	if (off > vlen || (vlen - off) / 8 < nch || ls >= sizeof(scope) ||
+	    lm >= sizeof(model) || lu >= sizeof(url) || v[1] > 1)
+		goto drop;
+	tail = vlen - off - (size_t)nch * 8;
+	keylen = (size_t)nch * PERSIST_CHUNK + tail;
+	if (v[1] == 1 && keylen % 4 != 0)
+		goto drop;
 	memcpy(scope, v + PERSIST_HDR, ls);
 	scope[ls] = '\0';
 	memcpy(model, v + PERSIST_HDR + ls, lm);
 	model[lm] = '\0';
 	memcpy(url, v + PERSIST_HDR + ls + lm, lu);
 	url[lu] = '\0';
-	persist_remember(br, seq, XXH3_64bits(v, vlen),
-	    persist_units(v[1], vlen - off));
+	if ((kb = persist_buf(pe, keylen ? keylen : 1)) == NULL)
+		return 0;
+	chunks = xcalloc(nch > 0 ? nch : 1, sizeof(*chunks));
+	for (i = 0; i < nch; i++) {
+		chunks[i] = persist_get_le(v + off + (size_t)i * 8, 8);
+		persist_le(chunks[i], ck, 8);
+		if (store_reader_get(rc->rc_rd, STORE_DB_CHUNKS, ck, sizeof(ck),
+		        &cv, &cl) == -1 ||
+		    cl != PERSIST_CHUNK)
+			goto drop;
+		memcpy(kb + (size_t)i * PERSIST_CHUNK, cv, PERSIST_CHUNK);
+		(void)persist_chunk_ref(pe, chunks[i]);
+		got++;
+	}
+	if (tail > 0)
+		memcpy(kb + (size_t)nch * PERSIST_CHUNK,
+		    v + off + (size_t)nch * 8, tail);
+	h = XXH3_64bits_withSeed(kb, keylen, XXH3_64bits(v, off));
+	persist_remember(br, persist_get_be64(key), h,
+	    persist_units(v[1], keylen), chunks, nch);
+	free(chunks);
 	p = persist_policy(br, scope);
 	w = registry_find(br, url);
 	if (p == NULL || w == NULL ||
@@ -459,9 +652,35 @@ persist_journal_cb(void *arg, const void *key, size_t klen, const void *val,
 		rc->rc_skipped++;
 		return 0;
 	}
-	policy_cache_aware_replay(p, model, v[1], w, v + off,
-	    v[1] == 1 ? (vlen - off) / 4 : vlen - off);
+	policy_cache_aware_replay(p, model, v[1], w, kb,
+	    v[1] == 1 ? keylen / 4 : keylen);
 	rc->rc_replayed++;
+	return 0;
+drop:
+	/* Unreadable, foreign or incomplete: forgotten. */
+	for (i = 0; i < got; i++)
+		persist_chunk_unref(br, chunks[i]);
+	free(chunks);
+	store_del_db(br->br_store, STORE_DB_JOURNAL, key, klen);
+	rc->rc_skipped++;
+	return 0;
+}
+
+/* Chunks no record uses (left by a crash between batches) are deleted. */
+static int
+persist_orphan_cb(void *arg, const void *key, size_t klen, const void *val,
+    size_t vlen)
+{
+	struct persist_restore_ctx *rc = arg;
+	struct persist *pe = rc->rc_br->br_persist;
+
+	(void)val;
+	(void)vlen;
+	if (klen != 8 ||
+	    *persist_chunk_find(pe, persist_get_le(key, 8)) == NULL) {
+		store_del_db(rc->rc_br->br_store, STORE_DB_CHUNKS, key, klen);
+		rc->rc_orphans++;
+	}
 	return 0;
 }
 
@@ -566,29 +785,40 @@ persist_assign_cb(void *arg, const void *key, size_t klen, const void *val,
 int
 persist_restore(struct broker *br)
 {
-	struct persist_restore_ctx rc = { br, 0, 0, 0 };
+	struct persist_restore_ctx rc;
 	uint64_t t0 = shm_now_ms();
 	int rv = 0;
 
 	if (br->br_store == NULL || br->br_persist == NULL)
 		return 0;
+	memset(&rc, 0, sizeof(rc));
+	rc.rc_br = br;
 	br->br_restoring = true;
 	if (store_each_db(br->br_store, STORE_DB_ASSIGN, persist_assign_cb,
 	        &rc) == -1)
 		rv = -1;
-	if (store_each_db(br->br_store, STORE_DB_JOURNAL, persist_journal_cb,
-	        &rc) == -1)
+	if ((rc.rc_rd = store_reader_begin(br->br_store)) == NULL)
 		rv = -1;
+	else {
+		if (store_reader_each(rc.rc_rd, STORE_DB_JOURNAL,
+		        persist_journal_cb, &rc) == -1 ||
+		    store_reader_each(rc.rc_rd, STORE_DB_CHUNKS,
+		        persist_orphan_cb, &rc) == -1)
+			rv = -1;
+		store_reader_end(rc.rc_rd);
+	}
 	br->br_restoring = false;
 	br->br_persist->pe_records += rc.rc_replayed;
 	/* The budget is known now: drop what no longer fits. */
 	persist_trim(br);
 	log_info("%s: %llu assignments, %llu tree inserts replayed "
-	         "(%llu skipped, %llu journal chars+tokens) in %llu ms",
+	         "(%llu skipped, %llu journal chars+tokens, %zu chunks, "
+	         "%llu orphans) in %llu ms",
 	    __func__, (unsigned long long)rc.rc_assign,
 	    (unsigned long long)rc.rc_replayed,
 	    (unsigned long long)rc.rc_skipped,
 	    (unsigned long long)br->br_persist->pe_bytes,
+	    br->br_persist->pe_nchunks, (unsigned long long)rc.rc_orphans,
 	    (unsigned long long)(shm_now_ms() - t0));
 	return rv;
 }

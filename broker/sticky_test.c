@@ -439,6 +439,52 @@ test_persist_across_restart(void **state)
 	fx_free(f);
 }
 
+static int
+pick_long(struct fx *f, const char *text)
+{
+	Smg__RouteRequest rq = SMG__ROUTE_REQUEST__INIT;
+
+	rq.text = (char *)text;
+	rq.has_text = true;
+	return policy_select(f->br->br_default, f->c, 3, &rq);
+}
+
+/* Keys longer than a chunk, sharing chunks, survive a restart. */
+static void
+test_journal_chunks(void **state)
+{
+	struct fx *f = fx_new("cache_aware");
+	char *a = malloc(20001), *b = malloc(20001);
+	size_t i;
+
+	(void)state;
+	f->bs.bs_max_tree_size = 1000000;
+	for (i = 0; i < 20000; i++)
+		a[i] = b[i] = (char)('a' + (i * 7 + i / 3) % 26);
+	a[20000] = b[20000] = '\0';
+	memset(b + 9000, 'Q', 11000); /* shares two whole chunks with a */
+	fx_start(f);
+	load(f, 1, 1);
+	load(f, 2, 1);
+	assert_int_equal(pick_long(f, a), 0);
+	shm_inflight_reset_slot(f->br->br_shm, f->c[1]->wk_slot);
+	load(f, 0, 1);
+	assert_int_equal(pick_long(f, b), 1); /* 9000/20000 < 0.5 */
+	assert_int_equal(store_flush(f->br->br_store), 0);
+	server_free(f->br);
+	shm_unlink_segment(f->run);
+	fx_start(f);
+	load(f, 0, 1);
+	load(f, 1, 1);
+	a[19999] = 'z';
+	b[19999] = 'z';
+	assert_int_equal(pick_long(f, a), 0);
+	assert_int_equal(pick_long(f, b), 1);
+	free(a);
+	free(b);
+	fx_free(f);
+}
+
 static void
 test_write_behind_bound(void **state)
 {
@@ -477,6 +523,7 @@ main(void)
 		cmocka_unit_test(test_prefix_hash),
 		cmocka_unit_test(test_persist_across_restart),
 		cmocka_unit_test(test_write_behind_bound),
+		cmocka_unit_test(test_journal_chunks),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -662,37 +662,28 @@ fanout_prom_report(const char *text, size_t len)
 {
 	struct promload_report pr;
 	cJSON *rep, *loads, *rank;
-	bool ok;
 
 	if (promload_parse(text, len, NULL, &pr) == -1)
 		return NULL;
 	if ((rep = cJSON_CreateObject()) == NULL)
 		return NULL;
-	ok = cJSON_AddNumberToObject(rep, "dp_rank_count", 1) != NULL &&
-	    (loads = cJSON_AddArrayToObject(rep, "loads")) != NULL &&
-	    (rank = cJSON_CreateObject()) != NULL;
-	if (ok && !cJSON_AddItemToArray(loads, rank)) {
-		cJSON_Delete(rank);
-		ok = false;
-	}
-	ok = ok && cJSON_AddNumberToObject(rank, "dp_rank", 0) != NULL &&
-	    cJSON_AddNumberToObject(rank, "num_running_reqs",
-	        (double)pr.pr_num_running_reqs) != NULL &&
-	    cJSON_AddNumberToObject(rank, "num_waiting_reqs",
-	        (double)pr.pr_num_waiting_reqs) != NULL &&
-	    cJSON_AddNumberToObject(rank, "token_usage", pr.pr_token_usage) !=
-	        NULL &&
-	    cJSON_AddNumberToObject(rank, "gen_throughput",
-	        pr.pr_gen_throughput) != NULL &&
-	    cJSON_AddNumberToObject(rank, "cache_hit_rate",
-	        pr.pr_cache_hit_rate) != NULL;
-	if (ok && pr.pr_engine == PROMLOAD_SGLANG)
-		ok = cJSON_AddNumberToObject(rank, "utilization",
-		         pr.pr_utilization) != NULL;
-	if (!ok) {
+	cJSON_AddNumberToObject(rep, "dp_rank_count", 1);
+	if ((loads = cJSON_AddArrayToObject(rep, "loads")) == NULL ||
+	    (rank = cJSON_CreateObject()) == NULL) {
 		cJSON_Delete(rep);
 		return NULL;
 	}
+	cJSON_AddItemToArray(loads, rank);
+	cJSON_AddNumberToObject(rank, "dp_rank", 0);
+	cJSON_AddNumberToObject(rank, "num_running_reqs",
+	    (double)pr.pr_num_running_reqs);
+	cJSON_AddNumberToObject(rank, "num_waiting_reqs",
+	    (double)pr.pr_num_waiting_reqs);
+	cJSON_AddNumberToObject(rank, "token_usage", pr.pr_token_usage);
+	cJSON_AddNumberToObject(rank, "gen_throughput", pr.pr_gen_throughput);
+	cJSON_AddNumberToObject(rank, "cache_hit_rate", pr.pr_cache_hit_rate);
+	if (pr.pr_engine == PROMLOAD_SGLANG)
+		cJSON_AddNumberToObject(rank, "utilization", pr.pr_utilization);
 	return rep;
 }
 

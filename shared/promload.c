@@ -35,8 +35,7 @@ struct promload_acc {
 };
 
 /* In preference order: the first with token_usage wins. */
-static const char *const promload_sglang_prefixes[2] = { "sglang:",
-	"sglang_" };
+static const char *const promload_sglang_prefixes[2] = { "sglang:", "sglang_" };
 
 static const char *const promload_sglang_names[PM_SG_N] = {
 	"num_running_reqs",
@@ -77,8 +76,8 @@ promload_blank(char c)
  * -1 for anything else (comments, blanks, unparsable values).
  */
 static int
-promload_sample(const char *line, size_t len, const char **name,
-    size_t *nlen, double *value)
+promload_sample(const char *line, size_t len, const char **name, size_t *nlen,
+    double *value)
 {
 	char num[PROMLOAD_VALUE_MAX], *stop;
 	size_t i = 0, end, vlen;
@@ -216,8 +215,10 @@ promload_parse(const char *text, size_t len, const char *runtime,
 	    (acc[PM_VLLM_USAGE_V1].pa_n > 0 ||
 	        acc[PM_VLLM_USAGE_V0].pa_n > 0)) {
 		rep->pr_engine = PROMLOAD_VLLM;
-		rep->pr_num_running_reqs = promload_count(&acc[PM_VLLM_RUNNING]);
-		rep->pr_num_waiting_reqs = promload_count(&acc[PM_VLLM_WAITING]);
+		rep->pr_num_running_reqs =
+		    promload_count(&acc[PM_VLLM_RUNNING]);
+		rep->pr_num_waiting_reqs =
+		    promload_count(&acc[PM_VLLM_WAITING]);
 		rep->pr_token_usage = acc[PM_VLLM_USAGE_V1].pa_n > 0
 		    ? promload_mean(&acc[PM_VLLM_USAGE_V1])
 		    : promload_mean(&acc[PM_VLLM_USAGE_V0]);
