@@ -65,8 +65,8 @@ test_inject_single(void **state)
 	    0);
 	s = cJSON_PrintUnformatted(j);
 	assert_string_equal(s,
-	    "{\"text\":\"hi\",\"bootstrap_port\":8998,"
-	    "\"bootstrap_host\":\"10.0.0.5\","
+	    "{\"text\":\"hi\",\"bootstrap_host\":\"10.0.0.5\","
+	    "\"bootstrap_port\":8998,"
 	    "\"bootstrap_room\":9223372036854775807}");
 	free(s);
 	/* No bootstrap port: null; an encode prefix and no room. */
