@@ -14,6 +14,7 @@
 #include "shared/xmalloc.h"
 
 #include "broker.h"
+#include "kvindex.h"
 
 static int broker_mode_of_urls(const struct config *cf);
 static void broker_settings_fill(struct broker_settings *bs,
@@ -155,6 +156,12 @@ main(int argc, char *argv[])
 		fatalx("cannot initialise the event loop");
 	if ((br = server_new(loop, &bs, true)) == NULL)
 		fatalx("startup failed");
+	kvindex_broker_bounds(br,
+	    cf.cf_kv_indexer_ttl_secs_set ? (uint64_t)cf.cf_kv_indexer_ttl_secs
+	                                  : 0,
+	    cf.cf_kv_indexer_max_entries_set
+	        ? (uint64_t)cf.cf_kv_indexer_max_entries
+	        : 0);
 	ev_run(loop, 0);
 	server_free(br);
 	log_info("smg-broker: stopped");
