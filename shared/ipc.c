@@ -114,6 +114,7 @@ struct ipc_client {
 	ipc_reply_cb cl_one_cb;
 	void *cl_one_arg;
 	int cl_one_busy;
+	int cl_one_abandoned; /* a reply may come for a timed-out request */
 };
 
 static int ipc_remove_stale(const char *);
@@ -869,7 +870,8 @@ ipc_one_stop(struct ipc_client *cl)
  * A reply nobody waits for (its request timed out) stays held by the
  * socket with the receive fd raised; a new request discards the message
  * but not the raised fd, which would then wake the loop for nothing until
- * the next reply. Take it out first.
+ * the next reply. Take it out first (only after a timeout: otherwise
+ * nothing can be held, and the poll would cost a syscall per request).
  */
 static void
 ipc_one_drain(struct ipc_client *cl)
@@ -877,6 +879,8 @@ ipc_one_drain(struct ipc_client *cl)
 	struct pollfd pfd;
 	nng_msg *m;
 
+	if (!cl->cl_one_abandoned)
+		return;
 	pfd.fd = cl->cl_recvfd;
 	pfd.events = POLLIN;
 	pfd.revents = 0;
@@ -962,6 +966,7 @@ ipc_one_recv_cb(struct ev_loop *loop, ev_io *w, int revents)
 		nng_msg_free(m);
 		return;
 	}
+	cl->cl_one_abandoned = 0;
 	cl->cl_dispatching = 1;
 	ipc_one_complete(cl, 0, m);
 }
@@ -981,6 +986,7 @@ ipc_one_timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
 		cl->cl_unsent = NULL;
 	}
 	/* The socket still holds the request; the next send replaces it. */
+	cl->cl_one_abandoned = 1;
 	cl->cl_dispatching = 1;
 	ipc_one_complete(cl, NNG_ETIMEDOUT, NULL);
 }

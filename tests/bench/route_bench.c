@@ -88,7 +88,8 @@ bench_case(unsigned nworkers, size_t prompt, unsigned n)
 	for (i = 0; i < BENCH_CONVS; i++) {
 		prefix[i] = malloc(prompt + 1);
 		for (k = 0; k < prompt; k++)
-			prefix[i][k] = (char)('a' + (i * 7 + k * 13 + k / 5) % 26);
+			prefix[i][k] =
+			    (char)('a' + (i * 7 + k * 13 + k / 5) % 26);
 		prefix[i][0] = (char)('A' + i % 26);
 		prefix[i][1] = (char)('A' + i / 26);
 		prefix[i][prompt] = '\0';
@@ -127,9 +128,8 @@ bench_case(unsigned nworkers, size_t prompt, unsigned n)
 	       "%8.0f decisions/s  flush %6.2f ms per %u decisions "
 	       "(%u flushes)\n",
 	    nworkers, prompt / 1024, lat[n / 2] / 1000.0,
-	    lat[(size_t)n * 99 / 100] / 1000.0,
-	    n / (total / 1e9), flushes ? flush_ns / 1e6 / flushes : 0.0,
-	    BENCH_BATCH, flushes);
+	    lat[(size_t)n * 99 / 100] / 1000.0, n / (total / 1e9),
+	    flushes ? flush_ns / 1e6 / flushes : 0.0, BENCH_BATCH, flushes);
 	server_free(br);
 	shm_unlink_segment(run);
 	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
