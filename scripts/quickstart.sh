@@ -2,7 +2,8 @@
 # Quick start: installs dependencies, builds, starts two simulated workers
 # on 127.0.0.1:8001 and :8002, and runs the gateway in the foreground on
 # :30000 (metrics on :29000). Ctrl-C stops everything.
-# Extra arguments go to smg, e.g. ./scripts/quickstart.sh --policy random
+# The policy is SMG's default, cache_aware; extra arguments go to smg, e.g.
+# ./scripts/quickstart.sh --policy round_robin
 # Environment: SMG_PORT, SMG_METRICS_PORT, SMG_WORKER_PORTS ("8001 8002"),
 # SMG_BUILD_DIR (build) override the defaults.
 set -eu
@@ -38,7 +39,7 @@ done
 echo "quickstart: workers:$urls; gateway on http://127.0.0.1:$port"
 echo "quickstart: try: curl -s localhost:$port/v1/chat/completions -H 'content-type: application/json' -d '{\"model\":\"sim-model\",\"messages\":[{\"role\":\"user\",\"content\":\"hello\"}]}'"
 # shellcheck disable=SC2086
-"$build/smg" --policy round_robin --worker-urls $urls \
+"$build/smg" --worker-urls $urls \
     --port "$port" --prometheus-port "$metrics_port" \
     --run-dir "$run/run" --state-dir "$run/state" "$@" &
 smg_pid=$!

@@ -26,15 +26,19 @@ def test_quickstart_serves_and_stops(tmp_path):
             r = util.get(port, "/readiness")
             return r.status == 200 and r.json()["healthy_workers"] == 2
         util.wait_for(ready, timeout=60, what="quickstart readiness")
+        # cache_aware (the default): a conversation stays on the worker
+        # that holds its prefix.
         seen = set()
-        for _ in range(4):
+        prompt = "You are a helpful assistant. " * 40
+        for i in range(4):
             r = util.post(port, "/v1/chat/completions", {
                 "model": "sim-model",
-                "messages": [{"role": "user", "content": "hello"}]})
+                "messages": [{"role": "system", "content": prompt},
+                             {"role": "user", "content": f"question {i}"}]})
             assert r.status == 200, r
             assert r.json()["choices"][0]["message"]["content"]
             seen.add(r.headers["x-smg-routed-worker-id"])
-        assert len(seen) == 2
+        assert len(seen) == 1
         assert b"smg_" in util.get(mport, "/metrics").body
         os.killpg(p.pid, signal.SIGINT)
         assert p.wait(timeout=10 * util.TIMEOUT_MULT) == 0
