@@ -45,8 +45,8 @@ struct pb_cands {
 
 static void *pbucket_create(struct policy *p);
 static void pbucket_free(void *state);
-static int pbucket_select(struct policy *p, struct worker *const *c,
-    unsigned n, const Smg__RouteRequest *req);
+static int pbucket_select(struct policy *p, struct worker *const *c, unsigned n,
+    const Smg__RouteRequest *req);
 static void pbucket_on_add(struct policy *p, struct worker *w);
 static void pbucket_on_remove(struct policy *p, struct worker *w);
 static void pbucket_sweep(struct policy *p, uint64_t now_ms);
@@ -258,7 +258,8 @@ pbucket_select(struct policy *p, struct worker *const *c, unsigned n,
 	if (p->pl_br != NULL && p->pl_br->br_debug && pick.bp_index >= 0)
 		log_debug("%s: model %s size %llu -> %s (%s)", __func__,
 		    model != NULL ? model : "-", (unsigned long long)size,
-		    c[pick.bp_index]->wk_url, bucket_reason_name(pick.bp_reason));
+		    c[pick.bp_index]->wk_url,
+		    bucket_reason_name(pick.bp_reason));
 	return pick.bp_index;
 }
 

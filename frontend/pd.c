@@ -242,9 +242,9 @@ pd_value(const char *host, long port, const uint64_t *room, unsigned n,
 		if ((a = cJSON_CreateArray()) == NULL)
 			return NULL;
 		for (i = 0; i < n; i++) {
-			if ((v = pd_value(host, port, room != NULL ? &room[i]
-			                                           : NULL,
-			         1, false, k)) == NULL ||
+			if ((v = pd_value(host, port,
+			         room != NULL ? &room[i] : NULL, 1, false,
+			         k)) == NULL ||
 			    !cJSON_AddItemToArray(a, v)) {
 				cJSON_Delete(v);
 				cJSON_Delete(a);
@@ -329,16 +329,16 @@ pd_build_body(struct pd_req *rq)
 	}
 	if (pd_bootstrap_host(pd->dc_url, host, sizeof(host)) == -1)
 		snprintf(host, sizeof(host), "%s", "localhost");
-	if (pd_inject(in->ei_json, host, pd_bootstrap_port(pd), rooms, n,
-	        batch, "") == -1)
+	if (pd_inject(in->ei_json, host, pd_bootstrap_port(pd), rooms, n, batch,
+	        "") == -1)
 		goto out;
 	if (rq->pr_nlegs > PD_ENCODE) {
 		const struct decision *ed = &rq->pr_legs[PD_ENCODE].lg_d;
 
 		if (pd_bootstrap_host(ed->dc_url, host, sizeof(host)) == -1)
 			snprintf(host, sizeof(host), "%s", "localhost");
-		if (pd_inject(in->ei_json, host, pd_bootstrap_port(ed), NULL,
-		        n, batch, "encode_") == -1)
+		if (pd_inject(in->ei_json, host, pd_bootstrap_port(ed), NULL, n,
+		        batch, "encode_") == -1)
 			goto out;
 	}
 	if ((s = cJSON_PrintUnformatted(in->ei_json)) == NULL)
@@ -403,8 +403,7 @@ pd_start(struct conn *c, const struct http_request *hr,
 	rq->pr_streaming = rq->pr_in.ei_stream;
 	if (rq->pr_in.ei_model != NULL) {
 		/* Route by the canonical id of an alias. */
-		const char *canon =
-		    fallback_canonical(cf, rq->pr_in.ei_model);
+		const char *canon = fallback_canonical(cf, rq->pr_in.ei_model);
 		char *m;
 
 		if (strcmp(canon, rq->pr_in.ei_model) != 0) {
@@ -512,9 +511,9 @@ pd_dispatch(struct pd_req *rq)
 		lg->lg_sent = ev_now(fe->fe_loop);
 		n = hdr_upstream(rq->pr_hr, rq->pr_id, lg->lg_d.dc_api_key,
 		    true, auth, sizeof(auth), hdrs, HDR_UPSTREAM_MAX);
-		lg->lg_up = upstream_request(fe->fe_up, lg->lg_d.dc_url,
-		    "POST", rq->pr_path, hdrs, n, rq->pr_body, rq->pr_body_len,
-		    &pd_cbs, lg);
+		lg->lg_up = upstream_request(fe->fe_up, lg->lg_d.dc_url, "POST",
+		    rq->pr_path, hdrs, n, rq->pr_body, rq->pr_body_len, &pd_cbs,
+		    lg);
 		if (lg->lg_up == NULL) {
 			pd_attempt_failed(rq, lg, 500,
 			    "call_upstream_request_error",
@@ -620,8 +619,8 @@ pd_on_body(void *arg, const char *data, size_t len)
 		return;
 	if (pd_keep(lg, data, len, FE_FANOUT_BODY_MAX) == -1 ||
 	    (ok && lg->lg_overflow)) {
-		pd_attempt_failed(rq, lg, 503, "out_of_memory",
-		    "Out of memory", false);
+		pd_attempt_failed(rq, lg, 503, "out_of_memory", "Out of memory",
+		    false);
 		return;
 	}
 }
@@ -885,8 +884,8 @@ pd_decode_error(struct pd_req *rq, struct pd_leg *dec)
 	int status;
 
 	status = pd_map_status("decode", dec->lg_status, code, sizeof(code));
-	if (!rq->pr_streaming || (retry_status_retryable(dec->lg_status) &&
-	                             pd_can_retry(rq))) {
+	if (!rq->pr_streaming ||
+	    (retry_status_retryable(dec->lg_status) && pd_can_retry(rq))) {
 		pd_worker_message(dec->lg_buf, dec->lg_len, msg, sizeof(msg));
 		pd_attempt_failed(rq, dec, status, code, msg, false);
 		return;
@@ -897,8 +896,9 @@ pd_decode_error(struct pd_req *rq, struct pd_leg *dec)
 	pd_stop_legs(rq, -1);
 	o = cJSON_CreateObject();
 	e = cJSON_AddObjectToObject(o, "error");
-	m = dec->lg_buf != NULL ? cJSON_ParseWithLength(dec->lg_buf, dec->lg_len)
-	                        : NULL;
+	m = dec->lg_buf != NULL
+	    ? cJSON_ParseWithLength(dec->lg_buf, dec->lg_len)
+	    : NULL;
 	if (m == NULL)
 		m = cJSON_CreateString(dec->lg_buf != NULL ? dec->lg_buf : "");
 	cJSON_AddItemToObject(e, "message", m);
@@ -914,8 +914,7 @@ pd_decode_error(struct pd_req *rq, struct pd_leg *dec)
 	cJSON_free(s);
 	pd_count(rq, status, false);
 	rq->pr_conn = NULL;
-	conn_respond(c, status, "text/event-stream", ev, strlen(ev),
-	    rq->pr_id);
+	conn_respond(c, status, "text/event-stream", ev, strlen(ev), rq->pr_id);
 	free(ev);
 	pd_free(rq);
 }
@@ -995,7 +994,8 @@ pd_outcomes(struct pd_req *rq, int status, const struct pd_leg *transport)
 static bool
 pd_can_retry(struct pd_req *rq)
 {
-	return !rq->pr_head_sent && rq->pr_attempt + 1 < rq->pr_rp.rp_max_attempts;
+	return !rq->pr_head_sent &&
+	    rq->pr_attempt + 1 < rq->pr_rp.rp_max_attempts;
 }
 
 /* Backs off, then selects a new pair (gateway.md §11.7). */
@@ -1035,8 +1035,7 @@ pd_backoff_cb(struct ev_loop *loop, ev_timer *w, int revents)
 static const char *
 pd_runtime(void)
 {
-	return fe->fe_cf->cf_backend != NULL ? fe->fe_cf->cf_backend
-	                                     : "sglang";
+	return fe->fe_cf->cf_backend != NULL ? fe->fe_cf->cf_backend : "sglang";
 }
 
 static void

@@ -25,8 +25,7 @@ test_bootstrap_host(void **state)
 	(void)state;
 	assert_int_equal(pd_bootstrap_host("http://10.0.0.5:8000", h, 64), 0);
 	assert_string_equal(h, "10.0.0.5");
-	assert_int_equal(pd_bootstrap_host("https://pre.example/v1", h, 64),
-	    0);
+	assert_int_equal(pd_bootstrap_host("https://pre.example/v1", h, 64), 0);
 	assert_string_equal(h, "pre.example");
 	assert_int_equal(pd_bootstrap_host("http://h:8000@3", h, 64), 0);
 	assert_string_equal(h, "h");

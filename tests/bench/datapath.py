@@ -22,20 +22,21 @@ stopped on exit, Ctrl-C and failure included. Standard library only.
 usage: /usr/bin/python3 tests/bench/datapath.py [--build-dir DIR] [--out F]
 """
 import argparse
-import datetime
 import http.client
 import json
 import math
 import os
-import platform
-import re
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
+
+from benchlib import (Interrupted, Procs, build_type, counter_delta,
+                      free_port, haproxy_conf, histogram_delta,
+                      histogram_quantile, http_call, ignore_signals, logger,
+                      machine, md_table, nginx_conf, scrape,
+                      start_haproxy, start_nginx, start_simworker, start_smg,
+                      trap_signals)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -58,107 +59,7 @@ RTT_BUCKETS = ("2.5e-05 5e-05 7.5e-05 0.0001 0.000125 0.00015 0.0002 "
                "0.002 0.003 0.004 0.006 0.008 0.012 0.02 0.05 1").split()
 RTT_FAMILY = "smg_broker_round_trip_seconds"
 FALLBACK_FAMILY = "smg_broker_fallback_decisions_total"
-
-
-class Interrupted(Exception):
-    pass
-
-
-def on_signal(signum, _frame):
-    raise Interrupted(f"signal {signum}")
-
-
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def log(msg):
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-class Procs:
-    """Processes started by the run, each in its own process group."""
-
-    def __init__(self, tmp):
-        self.tmp = tmp
-        self.procs = []
-
-    def start(self, name, argv, env=None):
-        out = open(os.path.join(self.tmp, name + ".log"), "wb")
-        p = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
-                             stdin=subprocess.DEVNULL, env=env,
-                             start_new_session=True)
-        out.close()
-        p.bench_name = name
-        self.procs.append(p)
-        return p
-
-    def run(self, argv, env, timeout):
-        """Runs argv to completion in its own group; (rc, stdout, stderr)."""
-        p = subprocess.Popen(argv, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                             env=env, start_new_session=True)
-        p.bench_name = os.path.basename(argv[0])
-        self.procs.append(p)
-        try:
-            out, err = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.stop(p)
-            out, err = p.communicate()
-            return -1, out.decode(errors="replace"), "timed out"
-        finally:
-            if p in self.procs and p.poll() is not None:
-                self.procs.remove(p)
-        return p.returncode, out.decode(errors="replace"), \
-            err.decode(errors="replace")
-
-    @staticmethod
-    def _signal_group(p, sig):
-        try:
-            os.killpg(p.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-    def stop(self, p, grace=5.0):
-        if p.poll() is None:
-            self._signal_group(p, signal.SIGTERM)
-            try:
-                p.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                pass
-        # The group may outlive its leader (children of the smg launcher).
-        self._signal_group(p, signal.SIGKILL)
-        try:
-            p.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            log(f"{p.bench_name} (pid {p.pid}) did not exit")
-
-    def stop_all(self):
-        for p in reversed(self.procs):
-            self.stop(p)
-        self.procs = []
-        self._kill_strays()
-
-    def _kill_strays(self):
-        """Kills any process left whose command line names our temp dir
-        (a child that moved to a session of its own)."""
-        me = os.getpid()
-        for d in os.listdir("/proc"):
-            if not d.isdigit() or int(d) == me:
-                continue
-            try:
-                with open(f"/proc/{d}/cmdline", "rb") as f:
-                    cmd = f.read().decode(errors="replace")
-            except OSError:
-                continue
-            if self.tmp in cmd:
-                log(f"killing stray pid {d}: {cmd.replace(chr(0), ' ')[:80]}")
-                try:
-                    os.kill(int(d), signal.SIGKILL)
-                except OSError:
-                    pass
+log = logger()
 
 
 # ---------------------------------------------------------------- probes
@@ -166,15 +67,7 @@ class Procs:
 
 def post(port, body, timeout=5.0):
     """One POST /v1/completions; (status, headers, body bytes)."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        conn.request("POST", "/v1/completions", body=body,
-                     headers={"Content-Type": "application/json"})
-        r = conn.getresponse()
-        data = r.read()
-        return r.status, {k.lower(): v for k, v in r.getheaders()}, data
-    finally:
-        conn.close()
+    return http_call(port, "POST", "/v1/completions", body, timeout)
 
 
 def probe(port, bodies, n=4):
@@ -214,100 +107,16 @@ def wait_ready(port, bodies, timeout, proc):
     return f"not ready after {timeout:.0f}s: {err}", []
 
 
-# ---------------------------------------------------------------- metrics
-
-METRIC_LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)')
-
-
-def scrape(port):
-    """GET /metrics -> {(name, labels): value}, or None if unreachable."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-    try:
-        conn.request("GET", "/metrics")
-        r = conn.getresponse()
-        text = r.read().decode(errors="replace")
-        if r.status != 200:
-            return None
-    except (OSError, http.client.HTTPException):
-        return None
-    finally:
-        conn.close()
-    out = {}
-    for ln in text.splitlines():
-        m = METRIC_LINE.match(ln)
-        if m:
-            try:
-                out[(m.group(1), m.group(2) or "")] = float(m.group(3))
-            except ValueError:
-                pass
-    return out
-
-
-def histogram_delta(before, after, family):
-    """Bucket counts (upper bound, cumulative count) of after - before, the
-    sum and the count; None if the family is absent."""
-    buckets = []
-    for (name, labels), v in after.items():
-        if name != family + "_bucket":
-            continue
-        m = re.search(r'le="([^"]+)"', labels)
-        if not m:
-            continue
-        le = math.inf if m.group(1) == "+Inf" else float(m.group(1))
-        buckets.append((le, v - before.get((name, labels), 0.0)))
-    if not buckets:
-        return None
-    buckets.sort()
-    key_sum, key_count = (family + "_sum", ""), (family + "_count", "")
-    return {
-        "buckets": buckets,
-        "sum": after.get(key_sum, 0.0) - before.get(key_sum, 0.0),
-        "count": after.get(key_count, 0.0) - before.get(key_count, 0.0),
-    }
-
-
-def histogram_quantile(q, buckets):
-    """Prometheus-style: linear interpolation inside the bucket holding
-    the q-quantile, lower bound 0 for the first; returns (value, exact)
-    where exact is False when the quantile lies in the +Inf bucket."""
-    total = buckets[-1][1]
-    if total <= 0:
-        return None, True
-    rank = q * total
-    prev_le, prev_c = 0.0, 0.0
-    for le, c in buckets:
-        if c >= rank:
-            if math.isinf(le):
-                return prev_le, False
-            if c == prev_c:
-                return le, True
-            return prev_le + (le - prev_le) * (rank - prev_c) / (c - prev_c), \
-                True
-        prev_le, prev_c = le, c
-    return prev_le, False
-
-
-def counter_delta(before, after, family):
-    keys = [k for k in after if k[0] == family]
-    if not keys:
-        return None
-    return sum(after[k] - before.get(k, 0.0) for k in keys)
-
-
 def worker_requests(workers):
     """Requests each simworker has completed (GET /sim/stats), or None."""
     out = []
     for port in workers:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
         try:
-            conn.request("GET", "/sim/stats")
-            r = conn.getresponse()
-            out.append(int(json.loads(r.read())["requests"]))
+            out.append(int(json.loads(
+                http_call(port, "GET", "/sim/stats")[2])["requests"]))
         except (OSError, http.client.HTTPException, ValueError, KeyError,
                 TypeError):
             return None
-        finally:
-            conn.close()
     return out
 
 
@@ -356,129 +165,6 @@ def calibrate(procs, args, url, body_file, rate):
             break
         conns = want
     return conns, None
-
-
-# ---------------------------------------------------------------- targets
-
-
-def nginx_conf(tmp, port, workers, cores):
-    ups = "\n".join(f"        server 127.0.0.1:{w};" for w in workers)
-    return f"""# generated by tests/bench/datapath.py
-worker_processes {cores};
-daemon off;
-master_process on;
-pid {tmp}/nginx.pid;
-error_log {tmp}/nginx-error.log warn;
-events {{
-    worker_connections 4096;
-}}
-http {{
-    access_log off;
-    client_body_temp_path {tmp}/nginx-body;
-    proxy_temp_path {tmp}/nginx-proxy;
-    keepalive_requests 1000000;
-    upstream workers {{
-{ups}
-        keepalive 64;
-        keepalive_requests 1000000;
-    }}
-    server {{
-        listen 127.0.0.1:{port};
-        location / {{
-            proxy_pass http://workers;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_buffering off;
-        }}
-    }}
-}}
-"""
-
-
-def haproxy_conf(port, workers, cores):
-    srv = "\n".join(f"    server w{i + 1} 127.0.0.1:{w}"
-                    for i, w in enumerate(workers))
-    return f"""# generated by tests/bench/datapath.py
-global
-    nbthread {cores}
-    maxconn 4096
-defaults
-    mode http
-    timeout connect 5s
-    timeout client 60s
-    timeout server 60s
-    http-reuse always
-frontend bench
-    bind 127.0.0.1:{port}
-    default_backend workers
-backend workers
-    balance roundrobin
-{srv}
-"""
-
-
-def wait_port_file(path, proc, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.bench_name} exited with status "
-                               f"{proc.returncode}")
-        try:
-            with open(path) as f:
-                s = f.read().strip()
-            if s:
-                return int(s)
-        except (OSError, ValueError):
-            pass
-        time.sleep(0.05)
-    raise RuntimeError(f"{path}: no port after {timeout}s")
-
-
-def build_type(build_dir):
-    try:
-        with open(os.path.join(build_dir, "CMakeCache.txt")) as f:
-            for ln in f:
-                if ln.startswith("CMAKE_BUILD_TYPE:"):
-                    return ln.split("=", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
-
-
-def first_line(argv):
-    try:
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=10)
-        return (p.stdout + p.stderr).strip().splitlines()[0]
-    except (OSError, IndexError, subprocess.TimeoutExpired):
-        return "unknown"
-
-
-def machine():
-    model = "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for ln in f:
-                if ln.startswith("model name"):
-                    model = ln.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    commit = first_line(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"])
-    dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain",
-                            "--untracked-files=no"],
-                           capture_output=True, text=True).stdout.strip()
-    return {
-        "nproc": len(os.sched_getaffinity(0)),
-        "load": os.getloadavg()[0],
-        "cpu": model,
-        "kernel": f"{platform.system()} {platform.release()}",
-        "date": datetime.datetime.now(datetime.timezone.utc)
-        .strftime("%Y-%m-%d %H:%M UTC"),
-        "commit": commit + (" (with uncommitted changes)" if dirty else ""),
-        "wrk": first_line(["wrk", "-v"]),
-        "nginx": first_line(["nginx", "-v"]),
-        "haproxy": first_line(["haproxy", "-v"]),
-    }
 
 
 # ---------------------------------------------------------------- report
@@ -556,14 +242,10 @@ def report(args, m, pp, res, rtt, skipped, rates, seen, died):
     for w in WORKLOADS:
         L.append(f"## {WORKLOAD_TITLES[w]}\n")
         rate = rates.get(w)
-        L.append("| target | peak req/s | p50 ms | p99 ms | errors | "
-                 "w1/w2 % | half load req/s (conns) | p50 ms | p99 ms | "
-                 "errors |")
-        L.append("|---|---:|---:|---:|---|---|---:|---:|---:|---|")
+        rows = []
         for t in TARGETS:
             if t in skipped:
-                L.append(f"| {TARGET_TITLES[t]} | not measured | | | | | "
-                         f"| | | |")
+                rows.append([TARGET_TITLES[t], "not measured"] + [""] * 8)
                 continue
             p = res[t][w]["peak"]
             h = res[t][w].get("half", {"failed": "not run"})
@@ -579,7 +261,10 @@ def report(args, m, pp, res, rtt, skipped, rates, seen, died):
                 row += [f"{h['rps']:.0f} ({h['conns']}){off_note(h, rate)}",
                         fmt_ms(h["p50_us"]), fmt_ms(h["p99_us"]),
                         fmt_errors(h)]
-            L.append("| " + " | ".join(row) + " |")
+            rows.append(row)
+        L += md_table(["target", "peak req/s", "p50 ms", "p99 ms", "errors",
+                       "w1/w2 %", "half load req/s (conns)", "p50 ms",
+                       "p99 ms", "errors"], "lrrrllrrrl", rows)
         if rate:
             L.append(f"\nHalf load offered: {rate[0]:.0f} req/s "
                      f"(half of {rate[1]}'s peak).\n")
@@ -589,9 +274,7 @@ def report(args, m, pp, res, rtt, skipped, rates, seen, died):
     L.append("## One connection, one request at a time\n")
     L.append("wrk -t1 -c1: latency without queueing or contention; "
              "\"added\" is the target's quantile minus direct's.\n")
-    L.append("| workload | target | req/s | p50 ms | p99 ms | added p50 ms | "
-             "added p99 ms | errors |")
-    L.append("|---|---|---:|---:|---:|---:|---:|---|")
+    rows = []
     for w in WORKLOADS:
         d = res["direct"][w].get("single")
         for t in TARGETS:
@@ -599,21 +282,21 @@ def report(args, m, pp, res, rtt, skipped, rates, seen, died):
             if t in skipped or r is None:
                 continue
             if "failed" in r:
-                L.append(f"| {w} | {TARGET_TITLES[t]} | failed | | | | | "
-                         f"{r['failed']} |")
+                rows.append([w, TARGET_TITLES[t], "failed"] + [""] * 4 +
+                            [r["failed"]])
                 continue
             ok = d is not None and "failed" not in d
             a50 = fmt_ms(r["p50_us"] - d["p50_us"]) if ok else "n/a"
             a99 = fmt_ms(r["p99_us"] - d["p99_us"]) if ok else "n/a"
-            L.append(f"| {w} | {TARGET_TITLES[t]} | {r['rps']:.0f} | "
-                     f"{fmt_ms(r['p50_us'])} | {fmt_ms(r['p99_us'])} | "
-                     f"{a50} | {a99} | {fmt_errors(r)} |")
+            rows.append([w, TARGET_TITLES[t], f"{r['rps']:.0f}",
+                         fmt_ms(r["p50_us"]), fmt_ms(r["p99_us"]), a50, a99,
+                         fmt_errors(r)])
+    L += md_table(["workload", "target", "req/s", "p50 ms", "p99 ms",
+                   "added p50 ms", "added p99 ms", "errors"], "llrrrrrl",
+                  rows)
     L.append("")
 
     L.append("## Ratios (smg-c / other, same run)\n")
-    L.append("| workload | figure | smg-c/nginx | smg-c/HAProxy | "
-             "smg-c/direct |")
-    L.append("|---|---|---:|---:|---:|")
 
     def get(t, w, phase, key):
         r = res.get(t, {}).get(w, {}).get(phase)
@@ -621,6 +304,7 @@ def report(args, m, pp, res, rtt, skipped, rates, seen, died):
             return None
         return r[key]
 
+    rows = []
     for w in WORKLOADS:
         for phase, key, title in (("peak", "rps", "peak req/s"),
                                   ("peak", "p50_us", "p50 at peak"),
@@ -628,16 +312,15 @@ def report(args, m, pp, res, rtt, skipped, rates, seen, died):
                                   ("half", "p50_us", "p50 at half load"),
                                   ("half", "p99_us", "p99 at half load")):
             s = get("smg-c", w, phase, key)
-            L.append(f"| {w} | {title} | "
-                     f"{fmt_ratio(s, get('nginx', w, phase, key))} | "
-                     f"{fmt_ratio(s, get('haproxy', w, phase, key))} | "
-                     f"{fmt_ratio(s, get('direct', w, phase, key))} |")
+            rows.append([w, title] +
+                        [fmt_ratio(s, get(o, w, phase, key))
+                         for o in ("nginx", "haproxy", "direct")])
+    L += md_table(["workload", "figure", "smg-c/nginx", "smg-c/HAProxy",
+                   "smg-c/direct"], "llrrr", rows)
     L.append("")
 
     L.append("## Latency added over direct at half load (ms)\n")
-    L.append("| workload | quantile | smg-c | nginx | HAProxy |")
-    L.append("|---|---|---:|---:|---:|")
-    added = {}
+    added, rows = {}, []
     for w in WORKLOADS:
         for key in ("p50_us", "p99_us"):
             d = get("direct", w, "half", key)
@@ -647,7 +330,9 @@ def report(args, m, pp, res, rtt, skipped, rates, seen, died):
                 a = None if v is None or d is None else v - d
                 added[(t, w, key)] = a
                 cells.append("n/a" if a is None else fmt_ms(a))
-            L.append(f"| {w} | {key[:3]} | " + " | ".join(cells) + " |")
+            rows.append([w, key[:3]] + cells)
+    L += md_table(["workload", "quantile", "smg-c", "nginx", "HAProxy"],
+                  "llrrr", rows)
     L.append("")
 
     L.append("## Decision round trip (frontend to broker and back)\n")
@@ -669,13 +354,10 @@ def report(args, m, pp, res, rtt, skipped, rates, seen, died):
                  f"smg-c run. One observation per broker message; a message "
                  f"carries every decision a frontend had ready in one loop "
                  f"turn.\n")
-        L.append("| smg-c run | round trips | requests | requests per "
-                 "round trip | p50 µs | p99 µs | mean µs | fallback "
-                 "decisions |")
-        L.append("|---|---:|---:|---:|---:|---:|---:|---:|")
+        rows = []
         for name, d in rtt:
             if d.get("hist") is None:
-                L.append(f"| {name} | metric absent | | | | | | |")
+                rows.append([name, "metric absent"] + [""] * 6)
                 continue
             h = d["hist"]
             p50, e50 = histogram_quantile(0.5, h["buckets"])
@@ -683,13 +365,16 @@ def report(args, m, pp, res, rtt, skipped, rates, seen, died):
             mean = h["sum"] / h["count"] if h["count"] else None
             per = d["requests"] / h["count"] if h["count"] else None
             fb = d["fallback"]
-            L.append(
-                f"| {name} | {h['count']:.0f} | {d['requests']} | "
-                f"{'n/a' if per is None else f'{per:.1f}'} | "
-                f"{('' if e50 else '> ') + fmt_us(p50)} | "
-                f"{('' if e99 else '> ') + fmt_us(p99)} | {fmt_us(mean)} | "
-                f"{'0 (no series)' if fb is None else f'{fb:.0f}'} |")
+            rows.append([
+                name, f"{h['count']:.0f}",
+                str(d["requests"]), "n/a" if per is None else f"{per:.1f}",
+                ("" if e50 else "> ") + fmt_us(p50),
+                ("" if e99 else "> ") + fmt_us(p99), fmt_us(mean),
+                "0 (no series)" if fb is None else f"{fb:.0f}"])
             d["p99"] = p99 if e99 else None
+        L += md_table(["smg-c run", "round trips", "requests",
+                       "requests per round trip", "p50 µs", "p99 µs",
+                       "mean µs", "fallback decisions"], "lrrrrrrr", rows)
         L.append("")
     L.append("## Targets of the data path\n")
 
@@ -803,34 +488,24 @@ def start_targets(procs, args, tmp, workers, bodies, skipped, seen):
     urls = [f"http://127.0.0.1:{w}" for w in workers]
     ports = {"direct": (workers[0], None)}
     if "smg-c" in args.targets:
-        port, prom = free_port(), free_port()
-        p = procs.start("smg", [
-            os.path.join(b, "smg"), "--policy", "round_robin",
+        p, port, prom = start_smg(procs, os.path.join(b, "smg"), "smg", [
+            "--policy", "round_robin",
             "--frontends", str(args.cores), "--worker-urls", *urls,
-            "--run-dir", os.path.join(tmp, "run"),
-            "--state-dir", os.path.join(tmp, "state"),
-            "--port", str(port), "--prometheus-port", str(prom),
             "--prometheus-duration-buckets", *RTT_BUCKETS,
             "--log-level", "warn"])
         ports["smg-c"] = (port, p)
         args.prom_port = prom
     if "nginx" in args.targets:
         port = free_port()
-        for d in ("nginx-body", "nginx-proxy"):
-            os.makedirs(os.path.join(tmp, d), exist_ok=True)
-        conf = os.path.join(tmp, "nginx.conf")
-        with open(conf, "w") as f:
-            f.write(nginx_conf(tmp, port, workers, args.cores))
-        p = procs.start("nginx", ["nginx", "-p", tmp + "/", "-e",
-                                  os.path.join(tmp, "nginx-error.log"),
-                                  "-c", conf])
+        p = start_nginx(procs, nginx_conf(tmp, port, workers, args.cores,
+                                          "datapath.py"))
         ports["nginx"] = (port, p)
     if "haproxy" in args.targets:
         port = free_port()
-        conf = os.path.join(tmp, "haproxy.cfg")
-        with open(conf, "w") as f:
-            f.write(haproxy_conf(port, workers, args.cores))
-        p = procs.start("haproxy", ["haproxy", "-db", "-f", conf])
+        servers = [(f"w{i + 1}", w) for i, w in enumerate(workers)]
+        p = start_haproxy(procs, haproxy_conf(
+            port, servers, args.cores, "datapath.py",
+            defaults_extra=("http-reuse always",)))
         ports["haproxy"] = (port, p)
     for t in TARGETS:
         if t not in args.targets:
@@ -852,8 +527,7 @@ def start_targets(procs, args, tmp, workers, bodies, skipped, seen):
 
 def main():
     args = parse_args()
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, on_signal)
+    trap_signals()
     for tool in ("wrk", "nginx", "haproxy"):
         if shutil.which(tool) is None:
             sys.exit(f"datapath.py: {tool} not found in PATH")
@@ -863,9 +537,9 @@ def main():
     if args.build_type != "Release":
         log(f"warning: {args.build_dir} is a {args.build_type} build; "
             f"figures of a sanitized build say nothing about speed")
-    m = machine()
+    m = machine(("wrk", "nginx", "haproxy"))
     tmp = tempfile.mkdtemp(prefix="smg-bench-")
-    procs = Procs(tmp)
+    procs = Procs(tmp, log)
     res = {t: {w: {} for w in WORKLOADS} for t in TARGETS}
     skipped = {t: "not selected" for t in TARGETS if t not in args.targets}
     seen, rates, rtt, died = {}, {}, None, {}
@@ -874,12 +548,11 @@ def main():
         bodies = bodies_for(tmp, args.prompt_bytes)
         workers = []
         for i in (1, 2):
-            pf = os.path.join(tmp, f"worker{i}.port")
-            p = procs.start(f"worker{i}", [
-                os.path.join(args.build_dir, "smg-simworker"), "--port", "0",
-                "--port-file", pf, "--time-scale", "0", "--model", MODEL,
-                "--worker-id", f"w{i}", "--log-level", "warn"])
-            workers.append(wait_port_file(pf, p))
+            workers.append(start_simworker(
+                procs, os.path.join(args.build_dir, "smg-simworker"),
+                f"worker{i}", ["--time-scale", "0", "--model", MODEL,
+                               "--worker-id", f"w{i}",
+                               "--log-level", "warn"])[1])
         log(f"workers on ports {workers}")
         ports = start_targets(procs, args, tmp, workers, bodies, skipped,
                               seen)
@@ -989,8 +662,7 @@ def main():
         log(f"interrupted ({e or 'Ctrl-C'}); stopping every process")
         return 130
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_IGN)
+        ignore_signals()
         procs.stop_all()
         if args.keep_tmp:
             log(f"kept {tmp}")

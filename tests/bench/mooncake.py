@@ -25,22 +25,24 @@ usage: /usr/bin/python3 tests/bench/mooncake.py [--build-dir DIR] [--out F]
 """
 import argparse
 import asyncio
-import datetime
 import hashlib
 import http.client
 import json
 import math
 import os
-import platform
 import shlex
 import resource
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
+
+from benchlib import (Interrupted, Procs, build_type, free_port,
+                      haproxy_conf, http_call, logger, machine, md_table,
+                      nearest_rank, nginx_conf, smg_ready, start_haproxy,
+                      start_nginx, start_simworker, start_smg as spawn_smg,
+                      trap_signals)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -60,28 +62,12 @@ TITLES.update({"nginx": "nginx round robin",
                "haproxy": "HAProxy roundrobin"})
 # Lines of the smg log that mean the broker refused the policy.
 REFUSALS = ("not implemented", "unknown policy", "invalid value")
-
-
-class Interrupted(BaseException):
-    pass
+log = logger()
+quantile = nearest_rank
 
 
 class NotAvailable(Exception):
     pass
-
-
-def on_signal(signum, _frame):
-    raise Interrupted(f"signal {signum}")
-
-
-def log(msg):
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---------------------------------------------------------------- trace
@@ -166,83 +152,6 @@ class Bodies:
             b'"}'
 
 
-# ---------------------------------------------------------------- processes
-
-
-class Procs:
-    """Processes started by the run, each in its own process group."""
-
-    def __init__(self, tmp):
-        self.tmp = tmp
-        self.procs = []
-
-    def start(self, name, argv):
-        out = open(os.path.join(self.tmp, name + ".log"), "ab")
-        p = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
-                             stdin=subprocess.DEVNULL, start_new_session=True)
-        out.close()
-        p.bench_name = name
-        self.procs.append(p)
-        return p
-
-    @staticmethod
-    def _signal_group(p, sig):
-        try:
-            os.killpg(p.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-    def stop(self, p, grace=5.0):
-        if p.poll() is None:
-            self._signal_group(p, signal.SIGTERM)
-            try:
-                p.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                pass
-        # The group may outlive its leader (children of the smg launcher).
-        self._signal_group(p, signal.SIGKILL)
-        try:
-            p.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            log(f"{p.bench_name} (pid {p.pid}) did not exit")
-        if p in self.procs:
-            self.procs.remove(p)
-
-    def stop_all(self):
-        for p in reversed(list(self.procs)):
-            self.stop(p)
-
-
-def http_call(port, method, path, body=None, timeout=5.0):
-    """(status, headers, body bytes) of one request to 127.0.0.1:port."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        hdrs = {"Content-Type": "application/json"} if body else {}
-        conn.request(method, path, body=body, headers=hdrs)
-        r = conn.getresponse()
-        data = r.read()
-        return r.status, {k.lower(): v for k, v in r.getheaders()}, data
-    finally:
-        conn.close()
-
-
-def wait_port_file(path, proc, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.bench_name} exited with status "
-                               f"{proc.returncode}")
-        try:
-            with open(path) as f:
-                s = f.read().strip()
-            if s:
-                return int(s)
-        except (OSError, ValueError):
-            pass
-        time.sleep(0.05)
-    raise RuntimeError(f"{path}: no port after {timeout}s")
-
-
 class Fleet:
     """The four simworkers of one target."""
 
@@ -251,23 +160,20 @@ class Fleet:
         self.ports = []
         self.plist = []
         for i in range(WORKERS):
-            pf = os.path.join(procs.tmp, f"{tag}-w{i + 1}.port")
-            argv = [args.simworker, "--host", "127.0.0.1", "--port", "0",
-                    "--port-file", pf, "--model", MODEL,
-                    "--worker-id", f"w{i + 1}",
-                    "--page-size", str(PAGE_SIZE),
-                    "--kv-capacity", str(args.kv_capacity),
-                    "--context-length", str(args.context_length),
-                    "--prefill-tps", str(args.prefill_tps),
-                    "--decode-base-ms", str(args.decode_base_ms),
-                    "--decode-per-req-ms", str(args.decode_per_req_ms),
-                    "--max-running", str(args.max_running),
-                    "--time-scale", str(args.time_scale),
-                    "--log-level", "warn"]
-            self.plist.append(procs.start(f"{tag}-w{i + 1}", argv))
-        for i, p in enumerate(self.plist):
-            self.ports.append(wait_port_file(
-                os.path.join(procs.tmp, f"{tag}-w{i + 1}.port"), p))
+            p, port = start_simworker(procs, args.simworker, f"{tag}-w{i + 1}", [
+                "--host", "127.0.0.1", "--model", MODEL,
+                "--worker-id", f"w{i + 1}",
+                "--page-size", str(PAGE_SIZE),
+                "--kv-capacity", str(args.kv_capacity),
+                "--context-length", str(args.context_length),
+                "--prefill-tps", str(args.prefill_tps),
+                "--decode-base-ms", str(args.decode_base_ms),
+                "--decode-per-req-ms", str(args.decode_per_req_ms),
+                "--max-running", str(args.max_running),
+                "--time-scale", str(args.time_scale),
+                "--log-level", "warn"])
+            self.plist.append(p)
+            self.ports.append(port)
 
     def urls(self):
         return [f"http://127.0.0.1:{p}" for p in self.ports]
@@ -298,67 +204,6 @@ class Fleet:
 
 
 # ---------------------------------------------------------------- targets
-
-
-def nginx_conf(tmp, port, workers, cores):
-    ups = "\n".join(f"        server 127.0.0.1:{w};" for w in workers)
-    return f"""# generated by tests/bench/mooncake.py
-worker_processes {cores};
-daemon off;
-master_process on;
-pid {tmp}/nginx.pid;
-error_log {tmp}/nginx-error.log warn;
-events {{
-    worker_connections 4096;
-}}
-http {{
-    access_log off;
-    client_body_temp_path {tmp}/nginx-body;
-    proxy_temp_path {tmp}/nginx-proxy;
-    client_max_body_size 0;
-    client_body_buffer_size 1m;
-    keepalive_requests 1000000;
-    upstream workers {{
-{ups}
-        keepalive 64;
-        keepalive_requests 1000000;
-    }}
-    server {{
-        listen 127.0.0.1:{port};
-        location / {{
-            proxy_pass http://workers;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_buffering off;
-            proxy_read_timeout 600s;
-            proxy_send_timeout 600s;
-        }}
-    }}
-}}
-"""
-
-
-def haproxy_conf(port, workers, cores):
-    srv = "\n".join(f"    server w{i + 1} 127.0.0.1:{w}"
-                    for i, w in enumerate(workers))
-    return f"""# generated by tests/bench/mooncake.py
-global
-    nbthread {cores}
-    maxconn 4096
-defaults
-    mode http
-    timeout connect 5s
-    timeout client 600s
-    timeout server 600s
-    http-reuse always
-    option http-no-delay
-frontend bench
-    bind 127.0.0.1:{port}
-    default_backend workers
-backend workers
-    balance roundrobin
-{srv}
-"""
 
 
 def probe(port):
@@ -673,12 +518,6 @@ async def replay(args, port, reqs, bodies, worker_ports):
 # ---------------------------------------------------------------- figures
 
 
-def quantile(vals, q):
-    """Nearest-rank quantile of a non-empty list."""
-    v = sorted(vals)
-    return v[max(0, math.ceil(q * len(v)) - 1)]
-
-
 def figures(args, reqs, results, wall, stats, samples):
     ok = [r for r in results if r.error is None]
     ttft = [r.ttft for r in ok if r.ttft is not None]
@@ -771,54 +610,6 @@ def run_target(args, procs, target, reqs, bodies):
 
 
 # ---------------------------------------------------------------- report
-
-
-def first_line(argv):
-    try:
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=10)
-        return (p.stdout + p.stderr).strip().splitlines()[0]
-    except (OSError, IndexError, subprocess.TimeoutExpired):
-        return "unknown"
-
-
-def build_type(build_dir):
-    try:
-        with open(os.path.join(build_dir, "CMakeCache.txt")) as f:
-            for ln in f:
-                if ln.startswith("CMAKE_BUILD_TYPE:"):
-                    return ln.split("=", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
-
-
-def machine():
-    model = "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for ln in f:
-                if ln.startswith("model name"):
-                    model = ln.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    commit = first_line(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"])
-    dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain",
-                            "--untracked-files=no"],
-                           capture_output=True, text=True).stdout.strip()
-    return {
-        "nproc": len(os.sched_getaffinity(0)),
-        "cpu": model,
-        "mem": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        / 2 ** 30,
-        "kernel": f"{platform.system()} {platform.release()}",
-        "date": datetime.datetime.now(datetime.timezone.utc)
-        .strftime("%Y-%m-%d %H:%M UTC"),
-        "commit": commit + (" (with uncommitted changes)" if dirty else ""),
-        "nginx": first_line(["nginx", "-v"]),
-        "haproxy": first_line(["haproxy", "-v"]),
-        "python": platform.python_version(),
-    }
 
 
 def fmt_ms(sec):

@@ -44,8 +44,7 @@ struct pdsim {
 static void pdsim_poll_cb(struct ev_loop *, ev_timer *, int);
 static int pdsim_path(const struct pdsim *, const char *, char *, size_t);
 static int pdsim_room_text(const char *, size_t, const char *, char *, size_t);
-static int pdsim_key(const cJSON *, const char *, const char *, char *,
-    size_t);
+static int pdsim_key(const cJSON *, const char *, const char *, char *, size_t);
 
 const char *
 pdsim_role_name(enum sim_role r)
@@ -163,8 +162,7 @@ pdsim_key(const cJSON *body, const char *prefix, const char *room, char *out,
 	for (c = h->valuestring; *c != '\0'; c++)
 		if (*c == '/' || *c == '\\')
 			return -1;
-	if (cJSON_IsNumber(p) && p->valuedouble >= 0 &&
-	    p->valuedouble <= 65535)
+	if (cJSON_IsNumber(p) && p->valuedouble >= 0 && p->valuedouble <= 65535)
 		snprintf(port, sizeof(port), "%d", (int)p->valuedouble);
 	else
 		snprintf(port, sizeof(port), "none");
@@ -173,8 +171,8 @@ pdsim_key(const cJSON *body, const char *prefix, const char *room, char *out,
 }
 
 int
-pdsim_parse(struct pdsim *ps, const char *raw, size_t rawlen,
-    const cJSON *body, struct pdsim_req *q)
+pdsim_parse(struct pdsim *ps, const char *raw, size_t rawlen, const cJSON *body,
+    struct pdsim_req *q)
 {
 	char room[24];
 	int n;
@@ -195,8 +193,8 @@ pdsim_parse(struct pdsim *ps, const char *raw, size_t rawlen,
 	{
 		const cJSON *h = cJSON_GetObjectItemCaseSensitive(body,
 		                "bootstrap_host"),
-			    *p = cJSON_GetObjectItemCaseSensitive(body,
-				"bootstrap_port");
+		            *p = cJSON_GetObjectItemCaseSensitive(body,
+		                "bootstrap_port");
 
 		snprintf(ps->ps_last_host, sizeof(ps->ps_last_host), "%s",
 		    cJSON_IsString(h) ? h->valuestring : "");
@@ -228,8 +226,8 @@ pdsim_parse(struct pdsim *ps, const char *raw, size_t rawlen,
 			n = snprintf(q->pq_pub, sizeof(q->pq_pub), "%s_%ld_%s",
 			    ps->ps_host, ps->ps_port, room);
 		else
-			n = snprintf(q->pq_pub, sizeof(q->pq_pub),
-			    "%s_none_%s", ps->ps_host, room);
+			n = snprintf(q->pq_pub, sizeof(q->pq_pub), "%s_none_%s",
+			    ps->ps_host, room);
 		if (n < 0 || (size_t)n >= sizeof(q->pq_pub))
 			return -1;
 		break;

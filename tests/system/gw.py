@@ -24,7 +24,13 @@ def _ppid_and_exe(pid):
     try:
         with open(f"/proc/{pid}/stat") as f:
             stat_line = f.read()
-        exe = os.path.basename(os.readlink(f"/proc/{pid}/exe"))
+        exe = os.readlink(f"/proc/{pid}/exe")
+        if util.VALGRIND and "valgrind" in exe:
+            # Under valgrind the exe is the tool: name the program it runs.
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().decode(errors="replace").split("\0")
+            exe = util.exe_of_cmdline(argv)
+        exe = os.path.basename(exe)
     except OSError:
         return None
     # The command name may hold spaces or parens: split after the last ')'.

@@ -4,10 +4,18 @@ Every test gets its own temp dir (pytest's tmp_path) and ports picked by
 binding port 0, so tests run side by side. Processes are started with their
 output captured to files in the temp dir; stop() fails the test when a
 process exited badly or when AddressSanitizer/UBSan reported anything.
+
+With SMG_VALGRIND=1 in the environment (and a build configured with
+-DSANITIZER=), every Proc runs under valgrind's memcheck, children the
+launcher execs included; each process writes <tmp>/vg.<name>.<pid>.log and
+stop() fails the test when one of them reports an error or a definite or
+indirect leak. Timeouts are stretched (TEST_TIMEOUT_MULT, 10 unless set).
 """
 import http.client
+import glob
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -16,7 +24,11 @@ import time
 BUILD_DIR = os.environ.get(
     "SMG_BUILD_DIR",
     os.path.join(os.path.dirname(__file__), "..", "..", "build"))
-TIMEOUT_MULT = float(os.environ.get("TEST_TIMEOUT_MULT", "1"))
+VALGRIND = os.environ.get("SMG_VALGRIND", "") not in ("", "0")
+TIMEOUT_MULT = float(os.environ.get("TEST_TIMEOUT_MULT",
+                                    "10" if VALGRIND else "1"))
+VALGRIND_SUPP = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                             "valgrind.supp")
 SANITIZER_MARKS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer",
                    "runtime error:")
 
@@ -91,6 +103,50 @@ def post(port, path, body=None, **kw):
     return request(port, "POST", path, body=body, **kw)
 
 
+def valgrind_argv(log_prefix):
+    """The memcheck command line that prefixes a binary's argv."""
+    argv = ["valgrind", "--leak-check=full",
+            "--show-leak-kinds=definite,indirect",
+            "--errors-for-leak-kinds=definite,indirect",
+            "--error-exitcode=99", "--trace-children=yes",
+            "--child-silent-after-fork=yes", "--num-callers=30",
+            f"--log-file={log_prefix}.%p.log"]
+    if os.path.exists(VALGRIND_SUPP):
+        argv.append(f"--suppressions={VALGRIND_SUPP}")
+    return argv
+
+
+def exe_of_cmdline(argv):
+    """The program a /proc cmdline runs: past valgrind's own options when
+    the process runs under valgrind, argv[0] otherwise."""
+    if not argv:
+        return ""
+    if os.path.basename(argv[0]).startswith("valgrind"):
+        for a in argv[1:]:
+            if not a.startswith("-"):
+                return a
+        return ""
+    return argv[0]
+
+
+_VG_SUMMARY = re.compile(r"ERROR SUMMARY: (\d+) errors")
+_VG_LOST = re.compile(r"(definitely|indirectly) lost: ([\d,]+) bytes")
+_VG_STACK = re.compile(r"^==\d+==\s+(at|by) 0x", re.M)
+
+
+def valgrind_problems(path):
+    """A non-empty excerpt when a valgrind log reports errors or leaks."""
+    with open(path, "rb") as f:
+        text = f.read().decode(errors="replace")
+    bad = any(int(n) for n in _VG_SUMMARY.findall(text))
+    bad = bad or any(int(n.replace(",", "")) for _, n in
+                     _VG_LOST.findall(text))
+    # A process killed by SIGKILL writes no summary: its errors still
+    # show as stacks.
+    bad = bad or (not _VG_SUMMARY.search(text) and _VG_STACK.search(text))
+    return text[-12000:] if bad else ""
+
+
 class Proc:
     """A started binary whose stdout/stderr go to <tmp>/<name>.log."""
 
@@ -98,6 +154,9 @@ class Proc:
         self.name = name
         self.argv = argv
         self.log_path = os.path.join(str(tmp_path), f"{name}.log")
+        self.vg_prefix = os.path.join(str(tmp_path), f"vg.{name}")
+        if VALGRIND:
+            argv = valgrind_argv(self.vg_prefix) + list(argv)
         self._log = open(self.log_path, "ab")
         full_env = dict(os.environ)
         full_env.setdefault("ASAN_OPTIONS", "detect_leaks=1")
@@ -151,3 +210,16 @@ class Proc:
         text = self.log()
         for mark in SANITIZER_MARKS:
             assert mark not in text, f"{self.name}: {mark}\n{text[-5000:]}"
+        if VALGRIND:
+            self.check_valgrind()
+
+    def valgrind_logs(self):
+        return sorted(glob.glob(glob.escape(self.vg_prefix) + ".*.log"))
+
+    def check_valgrind(self):
+        """Asserts that no valgrind log of this process (or of a child it
+        exec'd) reports an error or a definite/indirect leak."""
+        for path in self.valgrind_logs():
+            excerpt = valgrind_problems(path)
+            assert not excerpt, \
+                f"{self.name}: valgrind reports in {path}:\n{excerpt}"
