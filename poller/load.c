@@ -38,8 +38,8 @@ static bool load_fallback_allowed(const struct pworker *pw);
 static void load_done_cb(void *arg, const struct http_client_result *res);
 static void load_gauges(struct pworker *pw, const Smg__RankLoad *ranks,
     size_t n);
-static void load_gauge_set(struct pworker *pw, const char *family, int32_t rank,
-    int64_t value);
+static void load_gauge_set(struct pworker *, const char *, int32_t, double,
+    bool);
 static bool load_policy_consumes(enum policy_kind k);
 
 /* ------------------------------------------------------------ parsers */
@@ -349,18 +349,23 @@ load_gauges(struct pworker *pw, const Smg__RankLoad *ranks, size_t n)
 		int32_t rank = r != NULL ? r->dp_rank : (int32_t)i;
 
 		load_gauge_set(pw, "smg_engine_running_requests", rank,
-		    r != NULL ? r->num_running_reqs : 0);
+		    r != NULL ? (double)r->num_running_reqs : 0, false);
 		load_gauge_set(pw, "smg_engine_waiting_requests", rank,
-		    r != NULL ? r->num_waiting_reqs : 0);
+		    r != NULL ? (double)r->num_waiting_reqs : 0, false);
 		load_gauge_set(pw, "smg_engine_gen_throughput", rank,
-		    r != NULL ? llround(r->gen_throughput) : 0);
+		    r != NULL ? r->gen_throughput : 0, true);
+		load_gauge_set(pw, "smg_engine_token_usage", rank,
+		    r != NULL ? r->token_usage : 0, true);
+		load_gauge_set(pw, "smg_engine_cache_hit_rate", rank,
+		    r != NULL ? r->cache_hit_rate : 0, true);
 	}
 	ls->ls_gauge_ranks = ranks != NULL ? (unsigned)n : 0;
 }
 
+/* fractional: a ratio or rate, kept with six decimals. */
 static void
 load_gauge_set(struct pworker *pw, const char *family, int32_t rank,
-    int64_t value)
+    double value, bool fractional)
 {
 	struct shm *shm = pw->pw_poller->p_shm;
 	char labels[SHM_SERIES_NAME_MAX], r[16];
@@ -370,6 +375,11 @@ load_gauge_set(struct pworker *pw, const char *family, int32_t rank,
 	if (metrics_labels(labels, sizeof(labels), "worker", pw->pw_url,
 	        "model", pw->pw_model, "dp_rank", r, NULL) == -1)
 		return;
-	if ((s = metrics_series(shm, METRICS_GAUGE, family, labels)) >= 0)
-		metrics_set(shm, SHM_ROW_POLLER, s, value);
+	if (fractional) {
+		if ((s = metrics_series(shm, METRICS_GAUGE_FLOAT, family,
+		         labels)) >= 0)
+			metrics_set_float(shm, SHM_ROW_POLLER, s, value);
+	} else if ((s = metrics_series(shm, METRICS_GAUGE, family, labels)) >=
+	    0)
+		metrics_set(shm, SHM_ROW_POLLER, s, llround(value));
 }

@@ -26,8 +26,8 @@ def busy(worker, n, max_tokens):
 
 def gauge(g, family, url):
     m = re.search(re.escape(family) + r'\{worker="' + re.escape(url) +
-                  r'",model="[^"]*",dp_rank="0"\} (-?\d+)', g.metrics())
-    return int(m.group(1)) if m else None
+                  r'",model="[^"]*",dp_rank="0"\} (-?[\d.]+)', g.metrics())
+    return float(m.group(1)) if m else None
 
 
 def test_loads_and_metrics_fallback(tmp_path):
@@ -54,6 +54,9 @@ def test_loads_and_metrics_fallback(tmp_path):
                                        w.url) or 0) >= 1,
                     timeout=8, what=f"{w.url} waiting gauge")
                 assert gauge(g, "smg_engine_running_requests", w.url) >= 1
+                # Ratios keep their decimals (KV usage of a busy worker).
+                usage = gauge(g, "smg_engine_token_usage", w.url)
+                assert usage is not None and 0 < usage < 1, usage
             log = g.log()
             for w in (ws, wv):
                 assert f"{w.url}: /v1/loads absent (status 404); using " \
