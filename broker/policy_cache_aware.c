@@ -119,6 +119,8 @@ static const struct worker_load *ca_report(const struct cache_aware *ca,
     const struct worker *w, uint64_t now_ms);
 static int ca_fallback(struct cache_aware *ca, struct worker *const *c,
     unsigned n, const Smg__RouteRequest *req, uint64_t now_ms);
+static int ca_spill(struct cache_aware *ca, struct worker *const *c,
+    unsigned n, const Smg__RouteRequest *req, double avg, uint64_t now_ms);
 static void ca_credit(struct cache_aware *ca, struct worker *w,
     const Smg__RouteRequest *req, uint64_t now_ms);
 static bool ca_gated(const struct cache_aware *ca, uint32_t load, double avg);
@@ -490,6 +492,37 @@ ca_fallback(struct cache_aware *ca, struct worker *const *c, unsigned n,
 }
 
 /*
+ * The spill target: the fallback pick over the candidates that are not
+ * over the spill gate themselves. The gated holder must not win its own
+ * spill (the expected-wait score does not read in-flight counts, so a
+ * worker with a fast last report would); the least-loaded candidate is
+ * never over the gate (its load is at most avg), so the set is never
+ * empty.
+ */
+static int
+ca_spill(struct cache_aware *ca, struct worker *const *c, unsigned n,
+    const Smg__RouteRequest *req, double avg, uint64_t now_ms)
+{
+	struct scorer_pick pick;
+	unsigned i, k = 0;
+	int map[SHM_MAX_WORKERS], idx;
+
+	for (i = 0; i < n; i++) {
+		if (ca_gated(ca, ca->ca_load[i], avg))
+			continue;
+		ca->ca_cands[k].sc_id = c[i]->wk_url_hash;
+		ca->ca_cands[k].sc_in_flight = ca->ca_load[i];
+		map[k++] = (int)i;
+	}
+	if (k == 0)
+		return ca_fallback(ca, c, n, req, now_ms);
+	idx = scorer_select(ca->ca_scorer, ca->ca_cands, k,
+	    req->has_tokens ? (int64_t)req->n_tokens : -1, now_ms,
+	    ca->ca_interval_ms, &pick);
+	return idx >= 0 ? map[idx] : map[0];
+}
+
+/*
  * Credits a dispatch the scorer did not choose (cache hit): scoring the
  * one-member set {w} credits its winner, w.
  */
@@ -703,7 +736,7 @@ ca_tree_select(struct cache_aware *ca, struct ca_model *cm,
 	    now_ms);
 	if (ca_gated(ca, ca->ca_load[idx], avg)) {
 		*b = CA_SPILL;
-		idx = ca_fallback(ca, c, n, req, now_ms);
+		idx = ca_spill(ca, c, n, req, avg, now_ms);
 	} else {
 		*b = CA_TREE_MATCH;
 		ca_credit(ca, c[idx], req, now_ms);
@@ -738,7 +771,7 @@ ca_event_select(struct cache_aware *ca, struct ca_model *cm,
 	*rate = (double)score * (bs ? bs : ca->ca_bs) / (double)req->n_tokens;
 	if (ca_gated(ca, ca->ca_load[idx], avg)) {
 		*b = CA_EVENT_SPILL;
-		return ca_fallback(ca, c, n, req, now_ms);
+		return ca_spill(ca, c, n, req, avg, now_ms);
 	}
 	*b = CA_EVENT_MATCH;
 	ca_credit(ca, c[idx], req, now_ms);
@@ -906,7 +939,7 @@ ca_hash_select(struct cache_aware *ca, struct ca_model *cm,
 	}
 	if (idx >= 0 && ca_gated(ca, ca->ca_load[idx], avg)) {
 		*b = CA_HASH_SPILL;
-		idx = ca_fallback(ca, c, n, req, now_ms);
+		idx = ca_spill(ca, c, n, req, avg, now_ms);
 	} else if (idx >= 0) {
 		*b = CA_HASH_HIT;
 		ca_credit(ca, c[idx], req, now_ms);

@@ -131,6 +131,15 @@ report(struct fx *f, unsigned i, double usage, int64_t waiting_tokens)
 	policy_notify_report(f->br, w);
 }
 
+/* A report with no queue but an explicit generation throughput. */
+static void
+report_tp(struct fx *f, unsigned i, int64_t waiting_tokens, double tp)
+{
+	report(f, i, 0.0, waiting_tokens);
+	f->c[i]->wk_load.wl_gen_throughput = tp;
+	policy_notify_report(f->br, f->c[i]);
+}
+
 static int
 pick_text(struct fx *f, const char *text)
 {
@@ -413,6 +422,111 @@ test_decay_prefers_shorter_backlog(void **state)
 	fx_free(f);
 }
 
+/* A fresh conversation: 64 hex digits that share nothing to speak of. */
+static void
+fresh_text(char *buf, size_t len, unsigned seed)
+{
+	uint64_t x = 0x9e3779b97f4a7c15ULL * (seed + 1);
+	size_t i;
+
+	for (i = 0; i + 1 < len && i < 64; i++) {
+		x ^= x >> 12;
+		x ^= x << 25;
+		x ^= x >> 27;
+		buf[i] = "0123456789abcdef"[(x * 0x2545f4914f6cdd1dULL) >> 60];
+	}
+	buf[i] = '\0';
+}
+
+static void
+test_new_conversations_spread(void **state)
+{
+	struct fx *f = fx_new("cache_aware");
+	unsigned got[3] = { 0, 0, 0 }, i;
+	char q[80];
+	int idx;
+
+	(void)state;
+	fx_start(f);
+	/* Dark fleet, equal in-flight: uniform among the three. */
+	for (i = 0; i < 600; i++) {
+		fresh_text(q, sizeof(q), i);
+		idx = pick_text(f, q);
+		assert_true(idx >= 0 && idx < 3);
+		got[idx]++;
+	}
+	for (i = 0; i < 3; i++)
+		assert_in_range(got[i], 150, 250);
+	assert_int_equal(branch(f, CA, "min_load_fallback"), 600);
+	/* Equal reports: the credit of each dispatch spreads them evenly
+	 * between two polls, one each in turn. */
+	for (i = 0; i < 3; i++)
+		report(f, i, 0.0, 0);
+	got[0] = got[1] = got[2] = 0;
+	for (i = 0; i < 300; i++) {
+		fresh_text(q, sizeof(q), 1000 + i);
+		got[pick_text(f, q)]++;
+	}
+	for (i = 0; i < 3; i++)
+		assert_int_equal(got[i], 100);
+	fx_free(f);
+}
+
+static void
+test_holder_ties_uniform(void **state)
+{
+	struct fx *f = fx_new("cache_aware");
+	unsigned got[3] = { 0, 0, 0 }, i;
+
+	(void)state;
+	fx_start(f);
+	for (i = 0; i < 3; i++)
+		policy_cache_aware_replay(f->br->br_default,
+		    BROKER_MODEL_UNKNOWN, 0, f->c[i], long_a, strlen(long_a));
+	for (i = 0; i < 3; i++)
+		load(f, i, 2);
+	for (i = 0; i < 600; i++)
+		got[pick_text(f, long_a)]++;
+	for (i = 0; i < 3; i++)
+		assert_in_range(got[i], 150, 250);
+	assert_int_equal(branch(f, CA, "tree_match"), 600);
+	/* One holder less loaded: always it. */
+	load(f, 0, 1);
+	load(f, 2, 1);
+	for (i = 0; i < 20; i++)
+		assert_int_equal(pick_text(f, long_a), 1);
+	fx_free(f);
+}
+
+static void
+test_spill_leaves_gated_holder(void **state)
+{
+	struct fx *f = fx_new("cache_aware");
+	int i, idx;
+
+	(void)state;
+	fx_start(f);
+	load(f, 1, 1);
+	load(f, 2, 1);
+	assert_int_equal(pick_text(f, long_a), 0);
+	/* Holder 0 at 8, others 1: avg 10/3, gates 5 and 5.33: spill. Its
+	 * last report makes it the scorer's best (fast, nothing queued);
+	 * the spill still goes to a worker under the gate. */
+	load(f, 0, 7);
+	report_tp(f, 0, 0, 100000);
+	report_tp(f, 1, 4000, 1000);
+	report_tp(f, 2, 4000, 1000);
+	for (i = 0; i < 10; i++) {
+		idx = pick_text(f, long_a);
+		assert_true(idx == 1 || idx == 2);
+	}
+	assert_int_equal(branch(f, CA, "spill"), 10);
+	/* Outside a spill the scorer still prefers 0 for new text. */
+	assert_int_equal(pick_text(f, long_b), 0);
+	assert_int_equal(branch(f, CA, "min_load_fallback"), 2);
+	fx_free(f);
+}
+
 int
 main(void)
 {
@@ -425,6 +539,9 @@ main(void)
 		cmocka_unit_test(test_eviction_sweep_and_gauges),
 		cmocka_unit_test(test_hash_mode),
 		cmocka_unit_test(test_decay_prefers_shorter_backlog),
+		cmocka_unit_test(test_new_conversations_spread),
+		cmocka_unit_test(test_holder_ties_uniform),
+		cmocka_unit_test(test_spill_leaves_gated_holder),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

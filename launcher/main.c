@@ -6,8 +6,10 @@
  * then starts one smg-broker, one smg-poller and --frontends smg-frontend
  * processes from its own directory, each with the same arguments (frontends
  * also get --frontend-slot). A child that dies is logged and restarted
- * with backoff. SIGTERM/SIGINT stop every child (SIGKILL after 4 s), remove
- * the run dir's sockets, the segment and the run dir, and exit 0. SIGHUP is
+ * with backoff. SIGTERM/SIGINT stop every child (SIGKILL after 4 s, or
+ * after SMG_STOP_SECS from the environment for runs slowed down on purpose,
+ * e.g. under valgrind), remove the run dir's sockets, the segment and the
+ * run dir, and exit 0. SIGHUP is
  * passed on to the children. Children get PR_SET_PDEATHSIG so they never
  * outlive a launcher killed with SIGKILL.
  */
@@ -37,6 +39,7 @@
 #define LAUNCHER_BACKOFF_MAX  5.0 /* doubling stops here */
 #define LAUNCHER_HEALTHY_SECS 10.0 /* a run this long resets the delay */
 #define LAUNCHER_STOP_SECS    4.0 /* SIGTERM to SIGKILL */
+#define LAUNCHER_STOP_MAX     600.0 /* bound on SMG_STOP_SECS */
 #define LAUNCHER_LOCKFILE     "smg.lock"
 
 enum child_role {
@@ -76,6 +79,7 @@ struct launcher {
 };
 
 static char *launcher_bindir(void);
+static double launcher_stop_secs(void);
 static int launcher_mkdirs(const char *, mode_t);
 static int launcher_spawn(struct child *);
 static void launcher_child_cb(struct ev_loop *, ev_child *, int);
@@ -151,7 +155,7 @@ main(int argc, char *argv[])
 	ev_signal_start(l.l_loop, &l.l_sigterm);
 	ev_signal_start(l.l_loop, &l.l_sigint);
 	ev_signal_start(l.l_loop, &l.l_sighup);
-	ev_timer_init(&l.l_kill, launcher_kill_cb, LAUNCHER_STOP_SECS, 0.);
+	ev_timer_init(&l.l_kill, launcher_kill_cb, launcher_stop_secs(), 0.);
 	l.l_kill.data = &l;
 
 	for (i = 0; i < l.l_nchildren; i++) {
@@ -193,6 +197,28 @@ launcher_bindir(void)
 		fatalx("%s: odd executable path %s", __func__, buf);
 	*slash = '\0';
 	return xstrdup(buf[0] != '\0' ? buf : "/");
+}
+
+/*
+ * SIGTERM to SIGKILL delay: SMG_STOP_SECS when it holds a number in
+ * (0, LAUNCHER_STOP_MAX], else LAUNCHER_STOP_SECS.
+ */
+static double
+launcher_stop_secs(void)
+{
+	const char *s = getenv("SMG_STOP_SECS");
+	char *end;
+	double v;
+
+	if (s == NULL || *s == '\0')
+		return LAUNCHER_STOP_SECS;
+	errno = 0;
+	v = strtod(s, &end);
+	if (errno != 0 || *end != '\0' || !(v > 0 && v <= LAUNCHER_STOP_MAX)) {
+		log_warnx("%s: ignoring SMG_STOP_SECS=\"%s\"", __func__, s);
+		return LAUNCHER_STOP_SECS;
+	}
+	return v;
 }
 
 /* mkdir -p; the last component gets mode, existing ones are kept. */

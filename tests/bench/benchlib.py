@@ -15,7 +15,8 @@ function or class:
     foreground, so Procs can stop them);
   * figures: percentile(), nearest_rank(), scrape() and the Prometheus
     histogram and counter helpers;
-  * the report: machine(), build_type(), first_line(), md_table().
+  * the command line and the report: add_build_dir(), add_out(), machine(),
+    build_type(), first_line(), md_table().
 
 Standard library only; everything listens on 127.0.0.1 only.
 """
@@ -34,6 +35,21 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
+
+
+def add_build_dir(ap, holds):
+    """Adds --build-dir to an ArgumentParser: default $SMG_BUILD_DIR, else
+    build-release/; its help is holds, then the default."""
+    ap.add_argument("--build-dir",
+                    default=os.environ.get("SMG_BUILD_DIR",
+                                           os.path.join(ROOT,
+                                                        "build-release")),
+                    help=f"{holds} (default: build-release/)")
+
+
+def add_out(ap):
+    """Adds --out, the file the Markdown report is also written to."""
+    ap.add_argument("--out", help="also write the Markdown report here")
 
 
 def logger(tag=None):

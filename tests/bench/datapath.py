@@ -31,12 +31,12 @@ import sys
 import tempfile
 import time
 
-from benchlib import (Interrupted, Procs, build_type, counter_delta,
-                      free_port, haproxy_conf, histogram_delta,
-                      histogram_quantile, http_call, ignore_signals, logger,
-                      machine, md_table, nginx_conf, scrape,
-                      start_haproxy, start_nginx, start_simworker, start_smg,
-                      trap_signals)
+from benchlib import (Interrupted, Procs, add_build_dir, add_out,
+                      build_type, counter_delta, free_port, haproxy_conf,
+                      histogram_delta, histogram_quantile, http_call,
+                      ignore_signals, logger, machine, md_table, nginx_conf,
+                      scrape, start_haproxy, start_nginx, start_simworker,
+                      start_smg, trap_signals)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -441,13 +441,9 @@ def parse_args():
     ap = argparse.ArgumentParser(
         description="smg-c data-path benchmark against direct, nginx and "
                     "HAProxy (one run, one machine)")
-    ap.add_argument("--build-dir",
-                    default=os.environ.get("SMG_BUILD_DIR",
-                                           os.path.join(ROOT,
-                                                        "build-release")),
-                    help="Release build holding smg, smg-simworker and "
-                         "bench-pingpong (default: build-release/)")
-    ap.add_argument("--out", help="also write the Markdown report here")
+    add_build_dir(ap, "Release build holding smg, smg-simworker and "
+                      "bench-pingpong")
+    add_out(ap)
     ap.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)),
                     help="processes/threads of each proxy (default: nproc)")
     ap.add_argument("--threads", type=int, default=2, help="wrk threads")

@@ -28,16 +28,18 @@ import datetime
 import http.client
 import json
 import os
-import platform
 import random
 import shutil
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
 import time
+
+from benchlib import (Procs, free_port, haproxy_conf, http_call, logger,
+                      machine, md_table, percentile, smg_ready,
+                      start_haproxy, start_simworker, start_smg as spawn_smg,
+                      wait_for, wait_port)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -52,149 +54,39 @@ WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet "
          "uniform victor whiskey xray yankee zulu").split()
 
 
-def log(msg):
-    print(f"[load_bench] {msg}", file=sys.stderr, flush=True)
+log = logger("load_bench")
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Procs:
-    """Processes of the run, each in its own process group."""
-
-    def __init__(self, tmp):
-        self.tmp = tmp
-        self.procs = []
-
-    def start(self, name, argv):
-        out = open(os.path.join(self.tmp, name + ".log"), "ab")
-        p = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
-                             stdin=subprocess.DEVNULL,
-                             start_new_session=True)
-        out.close()
-        p.bench_name = name
-        self.procs.append(p)
-        return p
-
-    def stop(self, p, grace=5.0):
-        if p.poll() is None:
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-            except (ProcessLookupError, PermissionError):
-                pass
-            try:
-                p.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            p.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            log(f"{p.bench_name} (pid {p.pid}) did not exit")
-        if p in self.procs:
-            self.procs.remove(p)
-
-    def stop_all(self):
-        for p in list(reversed(self.procs)):
-            self.stop(p)
-
-
-def http_get(port, path, timeout=2.0):
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        conn.request("GET", path)
-        r = conn.getresponse()
-        return r.status, r.read()
-    finally:
-        conn.close()
-
-
-def wait_for(pred, timeout, what, proc=None):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"{what}: process exited {proc.returncode}")
-        try:
-            if pred():
-                return
-        except (OSError, http.client.HTTPException):
-            pass
-        time.sleep(0.05)
-    raise RuntimeError(f"timed out waiting for {what}")
-
-
-def start_workers(procs, build, tmp, fast_args, slow_args):
+def start_workers(procs, build, fast_args, slow_args):
     out = []
     for name, extra in (("fast", fast_args), ("slow", slow_args)):
-        pf = os.path.join(tmp, f"{name}.port")
-        if os.path.exists(pf):
-            os.unlink(pf)
-        p = procs.start(name, [os.path.join(build, "smg-simworker"),
-                               "--port", "0", "--port-file", pf,
-                               "--model", MODEL, "--worker-id", name,
-                               *extra])
-        wait_for(lambda: os.path.exists(pf) and
-                 open(pf).read().strip() != "", 10, f"{name} port", p)
-        port = int(open(pf).read().strip())
-        wait_for(lambda: http_get(port, "/health")[0] == 200, 10,
-                 f"{name} /health", p)
+        p, port = start_simworker(
+            procs, os.path.join(build, "smg-simworker"), name,
+            ["--model", MODEL, "--worker-id", name, *extra])
+        wait_for(lambda: http_call(port, "GET", "/health", timeout=2.0)[0]
+                 == 200, 10, f"{name} /health", p)
         out.append((name, port, p))
     return out
 
 
-def start_smg(procs, build, tmp, policy, workers):
-    port, mport = free_port(), free_port()
-    run = tempfile.mkdtemp(prefix="run-", dir=tmp)
-    state = tempfile.mkdtemp(prefix="state-", dir=tmp)
-    p = procs.start(f"smg-{policy}", [
-        os.path.join(build, "smg"), "--host", "127.0.0.1",
-        "--port", str(port), "--prometheus-host", "127.0.0.1",
-        "--prometheus-port", str(mport), "--run-dir", run,
-        "--state-dir", state, "--frontends", "1", "--policy", policy,
-        "--load-monitor-interval", "1", "--log-level", "warn",
-        "--worker-urls", *[f"http://127.0.0.1:{w[1]}" for w in workers]])
-
-    def ready():
-        st, body = http_get(port, "/readiness")
-        return st == 200 and json.loads(body)["healthy_workers"] == 2
-    wait_for(ready, 20, "smg-c readiness", p)
+def start_smg(procs, build, policy, workers):
+    urls = [f"http://127.0.0.1:{w[1]}" for w in workers]
+    p, port, _ = spawn_smg(
+        procs, os.path.join(build, "smg"), f"smg-{policy}",
+        ["--frontends", "1", "--policy", policy,
+         "--load-monitor-interval", "1", "--log-level", "warn",
+         "--worker-urls", *urls], host="127.0.0.1")
+    wait_for(lambda: smg_ready(port, len(workers))[0], 20,
+             "smg-c readiness", p)
     return port, p
 
 
-def haproxy_conf(port, workers):
-    srv = "\n".join(f"    server {w[0]} 127.0.0.1:{w[1]}" for w in workers)
-    return f"""# generated by tests/bench/load_bench.py
-global
-    nbthread 1
-    maxconn 4096
-defaults
-    mode http
-    timeout connect 5s
-    timeout client 120s
-    timeout server 120s
-frontend bench
-    bind 127.0.0.1:{port}
-    default_backend workers
-backend workers
-    balance leastconn
-{srv}
-"""
-
-
-def start_haproxy(procs, tmp, workers):
+def start_haproxy_leastconn(procs, workers):
     port = free_port()
-    cfg = os.path.join(tmp, "haproxy.cfg")
-    with open(cfg, "w") as f:
-        f.write(haproxy_conf(port, workers))
-    p = procs.start("haproxy", ["haproxy", "-db", "-f", cfg])
-    wait_for(lambda: socket.create_connection(("127.0.0.1", port), 1)
-             .close() is None, 10, "haproxy port", p)
+    p = start_haproxy(procs, haproxy_conf(
+        port, [(w[0], w[1]) for w in workers], 1, "load_bench.py",
+        balance="leastconn", timeout="120s"))
+    wait_port(port, 10, "haproxy port", p)
     return port, p
 
 
@@ -272,14 +164,6 @@ def drive(port, bursts, period, salt):
     return res, time.monotonic() - start
 
 
-def pct(vals, q):
-    if not vals:
-        return float("nan")
-    s = sorted(vals)
-    k = max(0, min(len(s) - 1, int(round(q * (len(s) - 1)))))
-    return s[k]
-
-
 def summarise(res, wall):
     ok = [r for r in res if r["ok"]]
     ttft = [r["ttft"] for r in ok if r["ttft"] is not None]
@@ -290,31 +174,25 @@ def summarise(res, wall):
     return {
         "n": len(res), "errors": len(res) - len(ok),
         "ttft_mean": sum(ttft) / len(ttft) if ttft else float("nan"),
-        "ttft_p99": pct(ttft, 0.99), "ttft_p50": pct(ttft, 0.50),
+        "ttft_p99": percentile(ttft, 0.99),
+        "ttft_p50": percentile(ttft, 0.50),
         "e2e_mean": sum(e2e) / len(e2e) if e2e else float("nan"),
-        "e2e_p99": pct(e2e, 0.99),
+        "e2e_p99": percentile(e2e, 0.99),
         "tok_s": sum(r["tokens"] for r in ok) / wall if wall > 0 else 0,
         "req_s": len(ok) / wall if wall > 0 else 0,
         "split": split, "wall": wall,
     }
 
 
-def first_line(argv):
-    try:
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=5)
-        return (p.stdout or p.stderr).strip().splitlines()[0]
-    except (OSError, IndexError, subprocess.TimeoutExpired):
-        return "unknown"
-
-
 def report(args, cmd, results):
+    m = machine(("haproxy",))
     L = []
     L.append(f"## Load-aware routing under a bursty workload "
              f"({datetime.date.today().isoformat()})")
     L.append("")
     L.append(f"- command: `{cmd}`")
-    L.append(f"- machine: {platform.machine()}, {os.cpu_count()} CPUs, "
-             f"{platform.platform()}; {first_line(['haproxy', '-v'])}")
+    L.append(f"- machine: {m['arch']}, {m['cpus']} CPUs, "
+             f"{m['platform']}; {m['haproxy']}")
     L.append(f"- workers (smg-simworker, restarted per target): fast "
              f"`{' '.join(args.fast)}`; slow `{' '.join(args.slow)}`")
     L.append(f"- workload: {args.bursts} bursts of {args.burst} streamed "
@@ -324,21 +202,23 @@ def report(args, cmd, results):
     L.append("- smg-c: `--load-monitor-interval 1`, one frontend; HAProxy "
              "`balance leastconn`, one thread")
     L.append("")
-    L.append("| target | TTFT mean (ms) | TTFT p50 (ms) | TTFT p99 (ms) | "
-             "e2e mean (ms) | e2e p99 (ms) | output tok/s | req/s | "
-             "fast/slow | errors |")
-    L.append("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|")
+    rows = []
     for t in TARGETS:
         s = results.get(t)
         if s is None:
-            L.append(f"| {TITLES[t]} | not run | | | | | | | | |")
+            rows.append([TITLES[t], "not run"] + [""] * 8)
             continue
         split = f"{s['split'].get('fast', 0)}/{s['split'].get('slow', 0)}"
-        L.append(f"| {TITLES[t]} | {s['ttft_mean'] * 1e3:.0f} | "
-                 f"{s['ttft_p50'] * 1e3:.0f} | {s['ttft_p99'] * 1e3:.0f} | "
-                 f"{s['e2e_mean'] * 1e3:.0f} | {s['e2e_p99'] * 1e3:.0f} | "
-                 f"{s['tok_s']:.0f} | {s['req_s']:.1f} | {split} | "
-                 f"{s['errors']} |")
+        rows.append([TITLES[t]] +
+                    [f"{s[k] * 1e3:.0f}" for k in ("ttft_mean", "ttft_p50",
+                                                   "ttft_p99", "e2e_mean",
+                                                   "e2e_p99")] +
+                    [f"{s['tok_s']:.0f}", f"{s['req_s']:.1f}", split,
+                     str(s["errors"])])
+    L += md_table(["target", "TTFT mean (ms)", "TTFT p50 (ms)",
+                   "TTFT p99 (ms)", "e2e mean (ms)", "e2e p99 (ms)",
+                   "output tok/s", "req/s", "fast/slow", "errors"],
+                  "lrrrrrrrlr", rows)
     L.append("")
     rr, ll = results.get("round_robin"), results.get("least_load")
     if rr and ll and ll["ttft_p99"] > 0:
@@ -380,17 +260,17 @@ def main():
         log("haproxy not installed: skipped")
         targets.remove("haproxy")
     tmp = tempfile.mkdtemp(prefix="smg-load-bench-")
-    procs = Procs(tmp)
+    procs = Procs(tmp, log)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     bursts = workload(args)
     results = {}
     try:
         for t in targets:
-            workers = start_workers(procs, build, tmp, args.fast, args.slow)
+            workers = start_workers(procs, build, args.fast, args.slow)
             if t == "haproxy":
-                port, front = start_haproxy(procs, tmp, workers)
+                port, front = start_haproxy_leastconn(procs, workers)
             else:
-                port, front = start_smg(procs, build, tmp, t, workers)
+                port, front = start_smg(procs, build, t, workers)
                 time.sleep(2.5)  # first load reports in
             log(f"{t}: {args.bursts} bursts of {args.burst}")
             res, wall = drive(port, bursts, args.period, t)

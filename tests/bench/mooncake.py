@@ -38,11 +38,11 @@ import sys
 import tempfile
 import time
 
-from benchlib import (Interrupted, Procs, build_type, free_port,
-                      haproxy_conf, http_call, logger, machine, md_table,
-                      nearest_rank, nginx_conf, smg_ready, start_haproxy,
-                      start_nginx, start_simworker, start_smg as spawn_smg,
-                      trap_signals)
+from benchlib import (Interrupted, Procs, add_build_dir, add_out,
+                      build_type, free_port, haproxy_conf, http_call, logger,
+                      machine, md_table, nearest_rank, nginx_conf, smg_ready,
+                      start_haproxy, start_nginx, start_simworker,
+                      start_smg as spawn_smg, trap_signals)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -160,7 +160,8 @@ class Fleet:
         self.ports = []
         self.plist = []
         for i in range(WORKERS):
-            p, port = start_simworker(procs, args.simworker, f"{tag}-w{i + 1}", [
+            name = f"{tag}-w{i + 1}"
+            p, port = start_simworker(procs, args.simworker, name, [
                 "--host", "127.0.0.1", "--model", MODEL,
                 "--worker-id", f"w{i + 1}",
                 "--page-size", str(PAGE_SIZE),
@@ -234,18 +235,12 @@ def refusal(log_path):
 
 
 def start_smg(procs, args, policy, fleet):
-    tmp = procs.tmp
-    port, mport = free_port(), free_port()
     name = f"smg-{policy}"
-    argv = [args.smg, "--policy", policy, "--host", "127.0.0.1",
-            "--port", str(port), "--prometheus-host", "127.0.0.1",
-            "--prometheus-port", str(mport),
-            "--run-dir", os.path.join(tmp, f"run-{policy}"),
-            "--state-dir", os.path.join(tmp, f"state-{policy}"),
-            "--frontends", str(args.cores)] + shlex.split(args.smg_args) + \
-        ["--worker-urls"] + fleet.urls()
-    p = procs.start(name, argv)
-    logf = os.path.join(tmp, name + ".log")
+    p, port, _ = spawn_smg(procs, args.smg, name, [
+        "--policy", policy, "--frontends", str(args.cores)] +
+        shlex.split(args.smg_args) + ["--worker-urls"] + fleet.urls(),
+        host="127.0.0.1")
+    logf = os.path.join(procs.tmp, name + ".log")
     deadline = time.monotonic() + args.ready_timeout
     err = "not tried"
     while time.monotonic() < deadline:
@@ -256,9 +251,7 @@ def start_smg(procs, args, policy, fleet):
         if why:
             raise NotAvailable(why)
         try:
-            st, _, data = http_call(port, "GET", "/readiness", timeout=2)
-            ready = st == 200 and \
-                json.loads(data).get("healthy_workers", 0) >= WORKERS
+            ready, why_not = smg_ready(port, WORKERS)
             if ready:
                 err = probe(port)
                 # A broker that dies right after starting shows in the log.
@@ -269,7 +262,7 @@ def start_smg(procs, args, policy, fleet):
                 if err is None:
                     return p, port
             else:
-                err = f"readiness: HTTP {st}: {data[:120]!r}"
+                err = why_not
         except (OSError, http.client.HTTPException, ValueError) as e:
             err = f"{type(e).__name__}: {e}"
         time.sleep(0.2)
@@ -277,21 +270,19 @@ def start_smg(procs, args, policy, fleet):
 
 
 def start_proxy(procs, args, kind, fleet):
-    tmp = procs.tmp
     port = free_port()
     if kind == "nginx":
-        for d in ("nginx-body", "nginx-proxy"):
-            os.makedirs(os.path.join(tmp, d), exist_ok=True)
-        conf = os.path.join(tmp, "nginx.conf")
-        with open(conf, "w") as f:
-            f.write(nginx_conf(tmp, port, fleet.ports, args.cores))
-        argv = ["nginx", "-p", tmp, "-c", conf]
+        p = start_nginx(procs, nginx_conf(
+            procs.tmp, port, fleet.ports, args.cores, "mooncake.py",
+            http_extra=("client_max_body_size 0",
+                        "client_body_buffer_size 1m"),
+            location_extra=("proxy_read_timeout 600s",
+                            "proxy_send_timeout 600s")))
     else:
-        conf = os.path.join(tmp, "haproxy.cfg")
-        with open(conf, "w") as f:
-            f.write(haproxy_conf(port, fleet.ports, args.cores))
-        argv = ["haproxy", "-db", "-f", conf]
-    p = procs.start(kind, argv)
+        servers = [(f"w{i + 1}", w) for i, w in enumerate(fleet.ports)]
+        p = start_haproxy(procs, haproxy_conf(
+            port, servers, args.cores, "mooncake.py", timeout="600s",
+            defaults_extra=("http-reuse always", "option http-no-delay")))
     deadline = time.monotonic() + args.ready_timeout
     err = "not tried"
     while time.monotonic() < deadline:
@@ -660,16 +651,13 @@ def report(args, m, info, res):
              f"tokens are in leading blocks already seen earlier in the "
              f"replayed requests")
     L.append("")
-    L.append("| target | hit rate | of oracle | TTFT p50 ms | TTFT p99 ms | "
-             "E2E p50 ms | req/s | prompt tok/s | busiest/mean | "
-             "prefill util mean/max | waiting mean/max | errors |")
-    L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|")
+    rows = []
     for t in args.target_list:
         r = res.get(t)
         if r is None or "unavailable" in r:
             why = "not run (interrupted)" if r is None else \
                 r["unavailable"]
-            L.append(f"| {TITLES[t]} | {why} |" + " |" * 10)
+            rows.append([TITLES[t], why] + [""] * 10)
             continue
         of = r["hit"] / info["oracle"] if info["oracle"] else None
         err = f"{fmt_pct(r['error_rate'])}"
@@ -678,25 +666,28 @@ def report(args, m, info, res):
                 f"{k} {v}" for k, v in r["errors"].items()) + ")**"
         wait = "n/a" if r["waiting_mean"] is None else \
             f"{r['waiting_mean']:.1f}/{r['waiting_max']}"
-        L.append(f"| {TITLES[t]} | {fmt_pct(r['hit'])} | "
-                 f"{'n/a' if of is None else f'{100 * of:.0f}%'} | "
-                 f"{fmt_ms(r['ttft_p50'])} | {fmt_ms(r['ttft_p99'])} | "
-                 f"{fmt_ms(r['e2e_p50'])} | {r['rps']:.1f} | "
-                 f"{r['tps'] / 1000:.0f}k | {fmt_x(r['busiest'])} "
-                 f"({'/'.join(str(c) for c in r['counts'])}) | "
-                 f"{100 * r['util_mean']:.0f}%/{100 * r['util_max']:.0f}% | "
-                 f"{wait} | {err} |")
+        rows.append([
+            TITLES[t], fmt_pct(r["hit"]),
+            "n/a" if of is None else f"{100 * of:.0f}%",
+            fmt_ms(r["ttft_p50"]), fmt_ms(r["ttft_p99"]),
+            fmt_ms(r["e2e_p50"]), f"{r['rps']:.1f}",
+            f"{r['tps'] / 1000:.0f}k",
+            f"{fmt_x(r['busiest'])} "
+            f"({'/'.join(str(c) for c in r['counts'])})",
+            f"{100 * r['util_mean']:.0f}%/{100 * r['util_max']:.0f}%",
+            wait, err])
+    L += md_table(["target", "hit rate", "of oracle", "TTFT p50 ms",
+                   "TTFT p99 ms", "E2E p50 ms", "req/s", "prompt tok/s",
+                   "busiest/mean", "prefill util mean/max",
+                   "waiting mean/max", "errors"], "lrrrrrrrrlll", rows)
     L.append("")
-    L.append("| target | wall s | client CPU s | workers + target CPU s | "
-             "host CPU busy |")
-    L.append("|---|---:|---:|---:|---:|")
-    for t in args.target_list:
-        r = res.get(t)
-        if r is None or "unavailable" in r:
-            continue
-        L.append(f"| {TITLES[t]} | {r['wall']:.0f} | {r['cpu_client']:.0f} "
-                 f"| {r['cpu_children']:.0f} | "
-                 f"{100 * r['host_busy']:.0f}% |")
+    L += md_table(["target", "wall s", "client CPU s",
+                   "workers + target CPU s", "host CPU busy"], "lrrrr",
+                  [[TITLES[t], f"{r['wall']:.0f}", f"{r['cpu_client']:.0f}",
+                    f"{r['cpu_children']:.0f}",
+                    f"{100 * r['host_busy']:.0f}%"]
+                   for t, r in ((t, res.get(t)) for t in args.target_list)
+                   if r is not None and "unavailable" not in r])
     L.append("")
     L.append("- hit rate: sum of cached_tokens / sum of prompt_tokens over "
              "the four workers' GET /sim/stats; of oracle: hit rate / "
@@ -766,14 +757,9 @@ def parse_args(argv):
     ap = argparse.ArgumentParser(
         description="Routing quality on the Mooncake trace: smg-c "
                     "policies, nginx and HAProxy over four simworkers.")
-    ap.add_argument("--build-dir",
-                    default=os.environ.get("SMG_BUILD_DIR",
-                                           os.path.join(ROOT,
-                                                        "build-release")),
-                    help="holds smg and smg-simworker (default: "
-                         "build-release/)")
+    add_build_dir(ap, "holds smg and smg-simworker")
     ap.add_argument("--trace", default=DEFAULT_TRACE)
-    ap.add_argument("--out", help="also write the Markdown report here")
+    add_out(ap)
     ap.add_argument("--requests", type=int, default=0,
                     help="replay the first N requests (default: all)")
     ap.add_argument("--replay-secs", type=float, default=75.0,
@@ -855,12 +841,11 @@ def main(argv):
         f"{100 * info['oracle']:.1f}%, replay {info['replay']:.0f} s "
         f"({args.speedup:.1f}x), kv capacity {args.kv_capacity} per worker")
     bodies = Bodies(reqs)
-    m = machine()
+    m = machine(("nginx", "haproxy"))
     tmp = tempfile.mkdtemp(prefix="smg-mooncake-")
-    procs = Procs(tmp)
+    procs = Procs(tmp, log)
     res = {}
-    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(s, on_signal)
+    trap_signals()
     try:
         for t in args.target_list:
             try:

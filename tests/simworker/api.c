@@ -2,6 +2,13 @@
  * api.c: the simulated engine's HTTP routes: SGLang/vLLM inference routes
  * (JSON and SSE), metadata, load and metrics endpoints, and the sim
  * control endpoints used by tests, including fault injection.
+ *
+ * /generate with "return_logprob": true reports meta_info.
+ * input_token_logprobs as SGLang does ([logprob, token id, null] per prompt
+ * token, the first logprob null), in every streamed event too. A decode
+ * worker received the prompt's KV cache from its prefill peer, so it
+ * reports only the last prompt token, the one it runs again to start
+ * decoding; the gateway prepends the prefill worker's list.
  */
 #include <math.h>
 #include <stdio.h>
@@ -56,6 +63,7 @@ struct api_req {
 	long ar_created;
 	char ar_id[48];
 	char *ar_rid_json; /* /generate "rid" as JSON, or NULL */
+	char *ar_itl_json; /* input_token_logprobs as JSON, or NULL */
 	char ar_extra[API_EXTRA_MAX];
 	/* PD: the bootstrap rendezvous, and what runs once it is over */
 	struct pdsim_req ar_pd;
@@ -82,6 +90,7 @@ static uint32_t *api_tokenize(const char *, size_t, uint32_t *);
 static int api_token_ids(const cJSON *, uint32_t **, uint32_t *);
 static char *api_chat_prompt(const cJSON *);
 static int api_max_tokens(const cJSON *, const char *, uint32_t *);
+static char *api_input_logprobs(const uint32_t *, uint32_t, uint32_t);
 static void api_infer(struct api *, struct srv_conn *,
     const struct srv_request *, enum api_route);
 static void api_health_generate(struct api *, struct srv_conn *,
@@ -379,6 +388,41 @@ api_max_tokens(const cJSON *obj, const char *name, uint32_t *out)
 	return 0;
 }
 
+/*
+ * SGLang's input_token_logprobs for prompt tokens [first, n): a list of
+ * [logprob, token id, null], the logprob a function of the token id (and
+ * null for the prompt's first token, which has no context). NULL on ENOMEM.
+ */
+static char *
+api_input_logprobs(const uint32_t *tok, uint32_t n, uint32_t first)
+{
+	cJSON *a, *e;
+	char *s;
+	uint32_t i;
+
+	if ((a = cJSON_CreateArray()) == NULL)
+		return NULL;
+	for (i = first; i < n; i++) {
+		if ((e = cJSON_CreateArray()) == NULL ||
+		    !cJSON_AddItemToArray(a, e)) {
+			cJSON_Delete(e);
+			cJSON_Delete(a);
+			return NULL;
+		}
+		if (i == 0)
+			cJSON_AddItemToArray(e, cJSON_CreateNull());
+		else
+			cJSON_AddItemToArray(e,
+			    cJSON_CreateNumber(
+				-(double)(tok[i] % 997 + 1) / 128.0));
+		cJSON_AddItemToArray(e, cJSON_CreateNumber((double)tok[i]));
+		cJSON_AddItemToArray(e, cJSON_CreateNull());
+	}
+	s = cJSON_PrintUnformatted(a);
+	cJSON_Delete(a);
+	return s;
+}
+
 void
 api_request(void *arg, struct srv_conn *conn, const struct srv_request *req)
 {
@@ -459,6 +503,7 @@ api_req_free(struct api_req *r)
 	if (r == NULL)
 		return;
 	cJSON_free(r->ar_rid_json);
+	cJSON_free(r->ar_itl_json);
 	free(r->ar_tok);
 	free(r);
 }
@@ -507,7 +552,7 @@ api_infer(struct api *a, struct srv_conn *conn, const struct srv_request *req,
 	double hold = 0;
 	char *prompt, msg[256];
 	const char *err = NULL;
-	int stream = 0;
+	int stream = 0, logprob = 0;
 
 	stats_count_route(a->a_stats, (enum stats_route)route);
 	body = cJSON_ParseWithLength(req->sr_body, req->sr_body_len);
@@ -542,6 +587,12 @@ api_infer(struct api *a, struct srv_conn *conn, const struct srv_request *req,
 			err = "max_new_tokens must be a positive integer";
 			goto bad;
 		}
+		v = cJSON_GetObjectItemCaseSensitive(body, "return_logprob");
+		if (v != NULL && !cJSON_IsBool(v) && !cJSON_IsNull(v)) {
+			err = "return_logprob must be a boolean";
+			goto bad;
+		}
+		logprob = cJSON_IsTrue(v);
 		v = cJSON_GetObjectItemCaseSensitive(body, "input_ids");
 		if (v != NULL && !cJSON_IsNull(v)) {
 			if (!cJSON_IsArray(v) ||
@@ -640,6 +691,16 @@ api_infer(struct api *a, struct srv_conn *conn, const struct srv_request *req,
 	v = cJSON_GetObjectItemCaseSensitive(body, "rid");
 	if (route == API_ROUTE_GENERATE && cJSON_IsString(v))
 		r->ar_rid_json = cJSON_PrintUnformatted(v);
+	if (logprob &&
+	    (r->ar_itl_json = api_input_logprobs(tok, ntok,
+	         pdsim_role(a->a_pd) == SIM_ROLE_DECODE ? ntok - 1 : 0)) ==
+	        NULL) {
+		free(tok);
+		api_req_free(r);
+		cJSON_Delete(body);
+		api_error(a, conn, req, 503, "out of memory");
+		return;
+	}
 	if (pdsim_parse(a->a_pd, req->sr_body, req->sr_body_len, body,
 	        &r->ar_pd) == -1) {
 		api_req_free(r);
@@ -765,7 +826,8 @@ api_stream_event(struct api_req *r, const struct engine_info *info)
 		/* SGLang streams the text so far in every event. */
 		if ((text = api_text(info->ei_output_tokens)) == NULL)
 			return;
-		size = strlen(text) + 512;
+		size = strlen(text) + 512 +
+		    (r->ar_itl_json != NULL ? strlen(r->ar_itl_json) : 0);
 		if ((big = malloc(size)) == NULL) {
 			free(text);
 			return;
@@ -779,11 +841,13 @@ api_stream_event(struct api_req *r, const struct engine_info *info)
 		n = snprintf(big, size,
 		    "data: {\"text\":\"%s\",\"meta_info\":{\"id\":%s%s%s,"
 		    "\"finish_reason\":%s,\"prompt_tokens\":%u,"
-		    "\"completion_tokens\":%u,\"cached_tokens\":%u}}\n\n",
+		    "\"completion_tokens\":%u,\"cached_tokens\":%u%s%s}}\n\n",
 		    text, r->ar_rid_json ? "" : "\"",
 		    r->ar_rid_json ? r->ar_rid_json : r->ar_id,
 		    r->ar_rid_json ? "" : "\"", fr, info->ei_prompt_tokens,
-		    info->ei_output_tokens, info->ei_cached_tokens);
+		    info->ei_output_tokens, info->ei_cached_tokens,
+		    r->ar_itl_json != NULL ? ",\"input_token_logprobs\":" : "",
+		    r->ar_itl_json != NULL ? r->ar_itl_json : "");
 		if (n > 0 && (size_t)n < size)
 			srv_stream_write(r->ar_conn, big, (size_t)n);
 		free(text);
@@ -858,6 +922,9 @@ api_result(struct api_req *r, const struct engine_info *info)
 		    info->ei_cached_tokens);
 		cJSON_AddNumberToObject(m, "e2e_latency",
 		    ev_now(a->a_loop) - info->ei_arrival);
+		if (r->ar_itl_json != NULL)
+			cJSON_AddItemToObject(m, "input_token_logprobs",
+			    cJSON_Parse(r->ar_itl_json));
 		free(text);
 		return o;
 	}
