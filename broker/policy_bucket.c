@@ -55,6 +55,7 @@ static struct pb_model *pbucket_model(struct pbucket *pb, const char *name,
 static bool pbucket_drop(struct pb_model *m, const char *url);
 static void pbucket_apply(struct pb_model *m);
 static int pbucket_candidate(void *arg, uint64_t id, const char *url);
+static void pbucket_log_ranges(const struct pb_model *m);
 
 const struct policy_ops policy_bucket_ops = {
 	.po_name = "bucket",
@@ -280,6 +281,8 @@ pbucket_sweep(struct policy *p, uint64_t now_ms)
 		if (now_ms < m->pbm_next_tick_ms)
 			continue;
 		bucket_tick(m->pbm_bucket);
+		if (p->pl_br != NULL && p->pl_br->br_debug)
+			pbucket_log_ranges(m);
 		m->pbm_next_tick_ms += pb->pb_conf.bc_window_ms;
 		if (m->pbm_next_tick_ms <= now_ms)
 			m->pbm_next_tick_ms = now_ms + pb->pb_conf.bc_window_ms;
@@ -295,4 +298,29 @@ policy_bucket_state(struct policy *p, const char *model)
 		return NULL;
 	m = pbucket_model(p->pl_state, model, false);
 	return m != NULL ? m->pbm_bucket : NULL;
+}
+
+/* Debug log: each member's range and window sum after a tick. */
+static void
+pbucket_log_ranges(const struct pb_model *m)
+{
+	struct bucket_range r[8];
+	size_t n, i;
+
+	n = bucket_ranges(m->pbm_bucket, r, sizeof(r) / sizeof(r[0]));
+	for (i = 0; i < n && i < sizeof(r) / sizeof(r[0]); i++) {
+		if (r[i].br_hi == BUCKET_INFINITY)
+			log_debug("%s: model %s: %s [%llu, inf] window %llu",
+			    __func__, m->pbm_name, r[i].br_url,
+			    (unsigned long long)r[i].br_lo,
+			    (unsigned long long)bucket_window_sum(
+				m->pbm_bucket, r[i].br_url));
+		else
+			log_debug("%s: model %s: %s [%llu, %llu] window %llu",
+			    __func__, m->pbm_name, r[i].br_url,
+			    (unsigned long long)r[i].br_lo,
+			    (unsigned long long)r[i].br_hi,
+			    (unsigned long long)bucket_window_sum(
+				m->pbm_bucket, r[i].br_url));
+	}
 }

@@ -119,8 +119,8 @@ static const struct worker_load *ca_report(const struct cache_aware *ca,
     const struct worker *w, uint64_t now_ms);
 static int ca_fallback(struct cache_aware *ca, struct worker *const *c,
     unsigned n, const Smg__RouteRequest *req, uint64_t now_ms);
-static int ca_spill(struct cache_aware *ca, struct worker *const *c,
-    unsigned n, const Smg__RouteRequest *req, double avg, uint64_t now_ms);
+static int ca_spill(struct cache_aware *ca, struct worker *const *c, unsigned n,
+    const Smg__RouteRequest *req, double avg, uint64_t now_ms);
 static void ca_credit(struct cache_aware *ca, struct worker *w,
     const Smg__RouteRequest *req, uint64_t now_ms);
 static bool ca_gated(const struct cache_aware *ca, uint32_t load, double avg);

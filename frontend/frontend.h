@@ -354,6 +354,33 @@ uint64_t pd_room(void);
  */
 int pd_inject(cJSON *body, const char *host, long port, const uint64_t *rooms,
     unsigned n, bool batch, const char *prefix);
+/* The DP rank of a worker URL ending in "@<rank>" (digits), else -1. */
+int pd_dp_rank(const char *url);
+/* The URL without its "@<rank>" suffix into out; -1 when it does not fit. */
+int pd_base_url(const char *url, char *out, size_t len);
+/*
+ * return_logprob merging (gateway.md §11.5). pd_prefill_logprobs parses a
+ * prefill body: a JSON object or array as is, or SSE: its first event
+ * whose meta_info holds an input_token_logprobs list. NULL when there is
+ * none; the caller frees the result with cJSON_Delete.
+ */
+cJSON *pd_prefill_logprobs(const char *body, size_t len);
+/*
+ * Puts the prefill's meta_info.input_token_logprobs entries in front of
+ * the decode's: two objects, or two arrays of the same size element by
+ * element; only where both lists exist. Returns 1 when something merged, 0
+ * when nothing did, -1 out of memory (decode may be partly merged).
+ */
+int pd_merge_logprobs(cJSON *decode, const cJSON *prefill);
+/* Length of the first complete SSE event in p (blank-line ended), or 0. */
+size_t pd_sse_event_len(const char *p, size_t len);
+/*
+ * One SSE event (a single "data:" line of JSON) merged with the prefill's
+ * list: a new "data: ...\n\n" (malloc'd, length in *outlen), or NULL when
+ * the event is left as it is.
+ */
+char *pd_merge_event(const char *ev, size_t len, const cJSON *prefill,
+    size_t *outlen);
 
 /* ---------------------------------------------------------- local.c */
 

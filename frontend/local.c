@@ -418,13 +418,51 @@ local_models(struct conn *c, const struct http_request *hr, const char *id)
 	local_json(c, hr, 200, j, id);
 }
 
+/* The first Ready HTTP worker of a type (registration order); -1 none. */
+static int
+local_first_of_type(uint32_t type, struct shm_worker *out, unsigned *slot)
+{
+	struct shm_worker w;
+	unsigned s;
+	bool found = false;
+
+	for (s = 0; s < SHM_MAX_WORKERS; s++) {
+		if (shm_worker_read(fe->fe_shm, s, &w) == -1)
+			continue;
+		if (w.sw_status != SHM_WORKER_READY || w.sw_mode != 0 ||
+		    w.sw_type != type)
+			continue;
+		if (!found || w.sw_order < out->sw_order) {
+			*out = w;
+			*slot = s;
+			found = true;
+		}
+	}
+	return found ? 0 : -1;
+}
+
+/*
+ * GET /get_model_info, /get_server_info and (regular mode)
+ * /health_generate: the first Ready worker's answer. PD/EPD has no
+ * regular workers: the first Ready prefill worker answers, else the first
+ * Ready decode worker.
+ */
 static void
 local_first_ready(struct conn *c, const struct http_request *hr, const char *id)
 {
 	struct shm_worker w;
 	unsigned slot;
+	int rv;
 
-	if (fallback_first_ready(fe->fe_shm, &w, &slot) == -1) {
+	if (pd_enabled()) {
+		rv = local_first_of_type(SMG__WORKER_TYPE__WORKER_TYPE_PREFILL,
+		    &w, &slot);
+		if (rv == -1)
+			rv = local_first_of_type(
+			    SMG__WORKER_TYPE__WORKER_TYPE_DECODE, &w, &slot);
+	} else
+		rv = fallback_first_ready(fe->fe_shm, &w, &slot);
+	if (rv == -1) {
 		local_err(c, hr, 503, "no_workers", "No healthy workers", id);
 		return;
 	}

@@ -6,12 +6,31 @@
  * every other leg has answered 2xx. A leg that fails aborts the others;
  * retries wrap the whole selection and dispatch. Also the PD form of GET
  * /health_generate (gateway.md §3.2).
+ *
+ * DP ranks: a worker URL ending in "@<rank>" names one data-parallel rank
+ * of the engine at the URL before it. The request goes to that base URL;
+ * the prefill body gets "routed_dp_rank" (the prefill's rank) and the
+ * decode body "routed_dp_rank" (its own) and "disagg_prefill_dp_rank" (the
+ * prefill's), each only when that rank is known.
+ *
+ * return_logprob (true, or a batch list holding a true): the prefill
+ * worker's body is kept and its meta_info.input_token_logprobs is put in
+ * front of the decode worker's, as SGLang's routers do. Non-streaming: the
+ * decode body is read whole, merged (a batch element by element) and sent
+ * with its new length. Streaming: the decode head waits for the whole
+ * prefill body (a JSON object, or SSE whose first event carrying the list
+ * is used); then every decode event whose meta_info holds an
+ * input_token_logprobs list gets the prefill's list in front, since SGLang
+ * repeats the full list in each event. Nothing to merge (no list on either
+ * side, a body that is not JSON, a streamed batch, a body over
+ * PD_MERGE_MAX) leaves the decode response as the worker sent it.
  */
 #include <sys/random.h>
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -20,8 +39,9 @@
 #include "frontend/frontend.h"
 #include "shared/log.h"
 
-#define PD_PATH_MAX 2048
-#define PD_MSG_MAX  1024
+#define PD_PATH_MAX  2048
+#define PD_MSG_MAX   1024
+#define PD_MERGE_MAX (16 * 1024 * 1024) /* bodies kept to merge logprobs */
 
 enum pd_leg_index {
 	PD_PREFILL = 0,
@@ -44,10 +64,12 @@ struct pd_leg {
 	int lg_status; /* 0 until the head came */
 	bool lg_done;
 	enum upstream_error lg_err;
-	char *lg_buf; /* error body, or decode bytes held back */
+	char *lg_buf; /* error body, decode bytes held back, prefill body */
 	size_t lg_len;
 	size_t lg_cap;
 	bool lg_overflow;
+	char *lg_body; /* this leg's own request body (DP ranks), or NULL */
+	size_t lg_body_len;
 	ev_tstamp lg_sent;
 	uint32_t lg_exclude[FE_MAX_EXCLUDE];
 	size_t lg_nexclude;
@@ -72,6 +94,11 @@ struct pd_req {
 	bool pr_chunked;
 	bool pr_paused;
 	bool pr_ttft_done;
+	bool pr_merge; /* return_logprob: merge the prefill's logprobs */
+	cJSON *pr_plp; /* the prefill body holding them, once parsed */
+	char *pr_sse; /* streaming merge: a decode event not yet complete */
+	size_t pr_sse_len;
+	size_t pr_sse_cap;
 	/* the decode head, held until every other leg answered 2xx */
 	struct upstream_header *pr_dh;
 	size_t pr_ndh;
@@ -109,12 +136,19 @@ static void pd_select(struct pd_req *);
 static void pd_decided(void *, const struct decision *);
 static void pd_dispatch(struct pd_req *);
 static int pd_build_body(struct pd_req *);
+static int pd_rank_bodies(struct pd_req *);
 static void pd_on_head(void *, int, const struct upstream_header *, size_t);
 static void pd_on_body(void *, const char *, size_t);
 static void pd_on_done(void *, enum upstream_error);
 static void pd_progress(struct pd_req *);
 static void pd_release(struct pd_req *);
 static void pd_relay(struct pd_req *, const char *, size_t);
+static void pd_emit(struct pd_req *, const char *, size_t);
+static int pd_merge_whole(struct pd_req *);
+static void pd_sse_feed(struct pd_req *, const char *, size_t);
+static bool pd_wants_logprob(const cJSON *);
+static int pd_append(char **, size_t *, size_t *, const char *, size_t);
+static const char *pd_send_url(const char *, char *, size_t);
 static void pd_finish(struct pd_req *, bool);
 static void pd_leg_error(struct pd_req *, struct pd_leg *);
 static void pd_decode_error(struct pd_req *, struct pd_leg *);
@@ -290,6 +324,249 @@ pd_inject(cJSON *body, const char *host, long port, const uint64_t *rooms,
 	return 0;
 }
 
+int
+pd_dp_rank(const char *url)
+{
+	const char *p, *at;
+	long v = 0;
+
+	if ((p = strstr(url, "://")) == NULL ||
+	    (at = strrchr(p + 3, '@')) == NULL || at[1] == '\0')
+		return -1;
+	for (p = at + 1; *p != '\0'; p++) {
+		if (*p < '0' || *p > '9')
+			return -1;
+		v = v * 10 + (*p - '0');
+		if (v > INT32_MAX)
+			return -1;
+	}
+	return (int)v;
+}
+
+int
+pd_base_url(const char *url, char *out, size_t len)
+{
+	size_t n = strlen(url);
+
+	if (pd_dp_rank(url) >= 0)
+		n = (size_t)(strrchr(url, '@') - url);
+	if (n >= len)
+		return -1;
+	memcpy(out, url, n);
+	out[n] = '\0';
+	return 0;
+}
+
+/* The URL a leg is sent to: the worker URL without its DP suffix. */
+static const char *
+pd_send_url(const char *url, char *buf, size_t len)
+{
+	return pd_base_url(url, buf, len) == 0 ? buf : url;
+}
+
+/* meta_info.input_token_logprobs of j when it is a list, else NULL. */
+static cJSON *
+pd_logprob_list(const cJSON *j)
+{
+	cJSON *m, *l;
+
+	if (!cJSON_IsObject(j) ||
+	    !cJSON_IsObject(m = cJSON_GetObjectItemCaseSensitive(j,
+	                        "meta_info")) ||
+	    !cJSON_IsArray(l = cJSON_GetObjectItemCaseSensitive(m,
+	                       "input_token_logprobs")))
+		return NULL;
+	return l;
+}
+
+/* Puts the entries of the prefill list pl in front of d's list. */
+static int
+pd_merge_one(cJSON *d, const cJSON *p)
+{
+	cJSON *dl, *pl, *n, *it;
+
+	if ((dl = pd_logprob_list(d)) == NULL ||
+	    (pl = pd_logprob_list(p)) == NULL)
+		return 0;
+	if ((n = cJSON_Duplicate(pl, true)) == NULL)
+		return -1;
+	/* Moving the decode entries keeps this linear in their count. */
+	while ((it = dl->child) != NULL) {
+		cJSON_DetachItemViaPointer(dl, it);
+		if (!cJSON_AddItemToArray(n, it)) {
+			cJSON_Delete(it);
+			cJSON_Delete(n);
+			return -1;
+		}
+	}
+	if (!cJSON_ReplaceItemInObjectCaseSensitive(
+	        cJSON_GetObjectItemCaseSensitive(d, "meta_info"),
+	        "input_token_logprobs", n)) {
+		cJSON_Delete(n);
+		return -1;
+	}
+	return 1;
+}
+
+int
+pd_merge_logprobs(cJSON *decode, const cJSON *prefill)
+{
+	const cJSON *p;
+	cJSON *d;
+	int rv, merged = 0;
+
+	if (cJSON_IsObject(decode) && cJSON_IsObject(prefill))
+		return pd_merge_one(decode, prefill);
+	if (!cJSON_IsArray(decode) || !cJSON_IsArray(prefill) ||
+	    cJSON_GetArraySize(decode) != cJSON_GetArraySize(prefill))
+		return 0;
+	for (d = decode->child, p = prefill->child; d != NULL && p != NULL;
+	     d = d->next, p = p->next) {
+		if ((rv = pd_merge_one(d, p)) == -1)
+			return -1;
+		merged |= rv;
+	}
+	return merged;
+}
+
+size_t
+pd_sse_event_len(const char *p, size_t len)
+{
+	size_t i;
+
+	for (i = 0; i + 1 < len; i++) {
+		if (p[i] != '\n')
+			continue;
+		if (p[i + 1] == '\n')
+			return i + 2;
+		if (p[i + 1] == '\r' && i + 2 < len && p[i + 2] == '\n')
+			return i + 3;
+	}
+	return 0;
+}
+
+/*
+ * The JSON of an event that is a single "data:" line, parsed; NULL when
+ * the event is anything else (comments, several lines, [DONE]).
+ */
+static cJSON *
+pd_sse_json(const char *ev, size_t len)
+{
+	const char *p, *nl;
+	size_t n;
+
+	if (len < 5 || memcmp(ev, "data:", 5) != 0)
+		return NULL;
+	p = ev + 5;
+	if (p < ev + len && *p == ' ')
+		p++;
+	if ((nl = memchr(p, '\n', (size_t)(ev + len - p))) == NULL)
+		nl = ev + len;
+	for (n = (size_t)(nl - ev); n < len; n++)
+		if (ev[n] != '\r' && ev[n] != '\n')
+			return NULL;
+	n = (size_t)(nl - p);
+	if (n > 0 && p[n - 1] == '\r')
+		n--;
+	return cJSON_ParseWithLength(p, n);
+}
+
+cJSON *
+pd_prefill_logprobs(const char *body, size_t len)
+{
+	size_t i = 0, n;
+	cJSON *j;
+
+	while (i < len && strchr(" \t\r\n", body[i]) != NULL)
+		i++;
+	if (i == len)
+		return NULL;
+	if (body[i] == '{' || body[i] == '[') {
+		j = cJSON_ParseWithLength(body + i, len - i);
+		if (cJSON_IsObject(j) || cJSON_IsArray(j))
+			return j;
+		cJSON_Delete(j);
+		return NULL;
+	}
+	/* SSE: the first event that carries the list. */
+	while (i < len) {
+		if ((n = pd_sse_event_len(body + i, len - i)) == 0)
+			n = len - i;
+		j = pd_sse_json(body + i, n);
+		if (pd_logprob_list(j) != NULL)
+			return j;
+		cJSON_Delete(j);
+		i += n;
+	}
+	return NULL;
+}
+
+char *
+pd_merge_event(const char *ev, size_t len, const cJSON *prefill,
+    size_t *outlen)
+{
+	cJSON *j;
+	char *s, *out = NULL;
+	size_t n;
+
+	if ((j = pd_sse_json(ev, len)) == NULL)
+		return NULL;
+	if (pd_merge_logprobs(j, prefill) == 1 &&
+	    (s = cJSON_PrintUnformatted(j)) != NULL) {
+		n = strlen(s);
+		if ((out = malloc(n + 9)) != NULL) {
+			memcpy(out, "data: ", 6);
+			memcpy(out + 6, s, n);
+			memcpy(out + 6 + n, "\n\n", 3);
+			*outlen = n + 8;
+		}
+		cJSON_free(s);
+	}
+	cJSON_Delete(j);
+	return out;
+}
+
+/* Whether the body asks for logprobs (a batch: any of its entries). */
+static bool
+pd_wants_logprob(const cJSON *body)
+{
+	const cJSON *v, *it;
+
+	v = cJSON_GetObjectItemCaseSensitive(body, "return_logprob");
+	if (cJSON_IsTrue(v))
+		return true;
+	if (cJSON_IsArray(v)) {
+		cJSON_ArrayForEach(it, v)
+		{
+			if (cJSON_IsTrue(it))
+				return true;
+		}
+	}
+	return false;
+}
+
+/* Appends to a growing buffer (always NUL-terminated); -1 on ENOMEM. */
+static int
+pd_append(char **buf, size_t *len, size_t *cap, const char *data, size_t n)
+{
+	size_t ncap;
+	char *nb;
+
+	if (*len + n + 1 > *cap) {
+		ncap = *cap < 4096 ? 4096 : *cap;
+		while (ncap < *len + n + 1)
+			ncap *= 2;
+		if ((nb = realloc(*buf, ncap)) == NULL)
+			return -1;
+		*buf = nb;
+		*cap = ncap;
+	}
+	memcpy(*buf + *len, data, n);
+	*len += n;
+	(*buf)[*len] = '\0';
+	return 0;
+}
+
 /* The bootstrap port a worker registered with, -1 none. */
 static long
 pd_bootstrap_port(const struct decision *d)
@@ -346,9 +623,58 @@ pd_build_body(struct pd_req *rq)
 	free(rq->pr_body);
 	rq->pr_body = s;
 	rq->pr_body_len = strlen(s);
-	rv = 0;
+	rv = pd_rank_bodies(rq);
 out:
 	free(rooms);
+	return rv;
+}
+
+/*
+ * The prefill and decode bodies with the DP rank fields, when a leg's URL
+ * names a rank (gateway.md §11.2); other legs send rq->pr_body. The fields
+ * leave the parsed body afterwards, so a retry on workers without ranks
+ * sends none.
+ */
+static int
+pd_rank_bodies(struct pd_req *rq)
+{
+	cJSON *j = rq->pr_in.ei_json;
+	struct pd_leg *lg;
+	int pr, dr, rv = -1;
+	unsigned i;
+
+	for (i = 0; i < PD_NLEGS; i++) {
+		lg = &rq->pr_legs[i];
+		free(lg->lg_body);
+		lg->lg_body = NULL;
+		lg->lg_body_len = 0;
+	}
+	pr = pd_dp_rank(rq->pr_legs[PD_PREFILL].lg_d.dc_url);
+	dr = pd_dp_rank(rq->pr_legs[PD_DECODE].lg_d.dc_url);
+	if (pr < 0 && dr < 0)
+		return 0;
+	if (pr >= 0) {
+		lg = &rq->pr_legs[PD_PREFILL];
+		if (pd_set(j, "routed_dp_rank", cJSON_CreateNumber(pr)) == -1 ||
+		    (lg->lg_body = cJSON_PrintUnformatted(j)) == NULL)
+			goto out;
+		lg->lg_body_len = strlen(lg->lg_body);
+		if (pd_set(j, "disagg_prefill_dp_rank",
+		        cJSON_CreateNumber(pr)) == -1)
+			goto out;
+	}
+	cJSON_DeleteItemFromObjectCaseSensitive(j, "routed_dp_rank");
+	if (dr >= 0 &&
+	    pd_set(j, "routed_dp_rank", cJSON_CreateNumber(dr)) == -1)
+		goto out;
+	lg = &rq->pr_legs[PD_DECODE];
+	if ((lg->lg_body = cJSON_PrintUnformatted(j)) == NULL)
+		goto out;
+	lg->lg_body_len = strlen(lg->lg_body);
+	rv = 0;
+out:
+	cJSON_DeleteItemFromObjectCaseSensitive(j, "routed_dp_rank");
+	cJSON_DeleteItemFromObjectCaseSensitive(j, "disagg_prefill_dp_rank");
 	return rv;
 }
 
@@ -401,6 +727,9 @@ pd_start(struct conn *c, const struct http_request *hr,
 		return;
 	}
 	rq->pr_streaming = rq->pr_in.ei_stream;
+	/* A streamed batch interleaves its sequences: not merged. */
+	rq->pr_merge = pd_wants_logprob(rq->pr_in.ei_json) &&
+	    !(rq->pr_streaming && rq->pr_in.ei_is_batch);
 	if (rq->pr_in.ei_model != NULL) {
 		/* Route by the canonical id of an alias. */
 		const char *canon = fallback_canonical(cf, rq->pr_in.ei_model);
@@ -490,7 +819,7 @@ static void
 pd_dispatch(struct pd_req *rq)
 {
 	struct upstream_header hdrs[HDR_UPSTREAM_MAX];
-	char auth[SHM_KEY_MAX + 16];
+	char auth[SHM_KEY_MAX + 16], url[SHM_URL_MAX];
 	struct pd_leg *lg;
 	size_t n;
 	unsigned i;
@@ -511,9 +840,12 @@ pd_dispatch(struct pd_req *rq)
 		lg->lg_sent = ev_now(fe->fe_loop);
 		n = hdr_upstream(rq->pr_hr, rq->pr_id, lg->lg_d.dc_api_key,
 		    true, auth, sizeof(auth), hdrs, HDR_UPSTREAM_MAX);
-		lg->lg_up = upstream_request(fe->fe_up, lg->lg_d.dc_url, "POST",
-		    rq->pr_path, hdrs, n, rq->pr_body, rq->pr_body_len, &pd_cbs,
-		    lg);
+		lg->lg_up = upstream_request(fe->fe_up,
+		    pd_send_url(lg->lg_d.dc_url, url, sizeof(url)), "POST",
+		    rq->pr_path, hdrs, n,
+		    lg->lg_body != NULL ? lg->lg_body : rq->pr_body,
+		    lg->lg_body != NULL ? lg->lg_body_len : rq->pr_body_len,
+		    &pd_cbs, lg);
 		if (lg->lg_up == NULL) {
 			pd_attempt_failed(rq, lg, 500,
 			    "call_upstream_request_error",
@@ -530,28 +862,13 @@ pd_dispatch(struct pd_req *rq)
 static int
 pd_keep(struct pd_leg *lg, const char *data, size_t len, size_t max)
 {
-	size_t cap;
-	char *nb;
-
 	if (lg->lg_len + len > max) {
 		lg->lg_overflow = true;
 		len = max - lg->lg_len;
 	}
 	if (len == 0)
 		return 0;
-	if (lg->lg_len + len + 1 > lg->lg_cap) {
-		cap = lg->lg_cap < 4096 ? 4096 : lg->lg_cap;
-		while (cap < lg->lg_len + len + 1)
-			cap *= 2;
-		if ((nb = realloc(lg->lg_buf, cap)) == NULL)
-			return -1;
-		lg->lg_buf = nb;
-		lg->lg_cap = cap;
-	}
-	memcpy(lg->lg_buf + lg->lg_len, data, len);
-	lg->lg_len += len;
-	lg->lg_buf[lg->lg_len] = '\0';
-	return 0;
+	return pd_append(&lg->lg_buf, &lg->lg_len, &lg->lg_cap, data, len);
 }
 
 static void
@@ -595,8 +912,11 @@ pd_on_head(void *arg, int status, const struct upstream_header *h, size_t n)
 			p += h[i].uh_value_len + 1;
 		}
 		rq->pr_ndh = n;
-		rq->pr_paused = true;
-		upstream_pause(lg->lg_up);
+		/* A body to merge is read whole before the client sees it. */
+		if (!rq->pr_merge || rq->pr_streaming) {
+			rq->pr_paused = true;
+			upstream_pause(lg->lg_up);
+		}
 	}
 	pd_progress(rq);
 }
@@ -614,9 +934,34 @@ pd_on_body(void *arg, const char *data, size_t len)
 		pd_relay(rq, data, len);
 		return;
 	}
-	/* Other legs' 2xx bodies are discarded (gateway.md §11.5). */
-	if (lg->lg_index != PD_DECODE && ok)
+	/* Other legs' 2xx bodies are discarded (gateway.md §11.5), but for
+	 * the prefill's logprobs. */
+	if (lg->lg_index != PD_DECODE && ok) {
+		if (lg->lg_index == PD_PREFILL && rq->pr_merge &&
+		    pd_keep(lg, data, len, PD_MERGE_MAX) == -1)
+			lg->lg_overflow = true; /* not merged, not fatal */
 		return;
+	}
+	if (lg->lg_index == PD_DECODE && ok && rq->pr_merge &&
+	    !rq->pr_streaming) {
+		if (lg->lg_len + len <= PD_MERGE_MAX) {
+			if (pd_keep(lg, data, len, PD_MERGE_MAX) == -1)
+				pd_attempt_failed(rq, lg, 503, "out_of_memory",
+				    "Out of memory", false);
+			return;
+		}
+		/* Too big to merge: relayed unchanged, as without merging. */
+		rq->pr_merge = false;
+		if (pd_keep(lg, data, len, lg->lg_len + len) == -1) {
+			pd_attempt_failed(rq, lg, 503, "out_of_memory",
+			    "Out of memory", false);
+			return;
+		}
+		rq->pr_paused = true;
+		upstream_pause(lg->lg_up);
+		pd_progress(rq);
+		return;
+	}
 	if (pd_keep(lg, data, len, FE_FANOUT_BODY_MAX) == -1 ||
 	    (ok && lg->lg_overflow)) {
 		pd_attempt_failed(rq, lg, 503, "out_of_memory", "Out of memory",
@@ -701,10 +1046,15 @@ pd_progress(struct pd_req *rq)
 				pd_leg_error(rq, lg);
 			return;
 		}
+		/* Merging needs the prefill's whole body. */
+		if (i == PD_PREFILL && rq->pr_merge && !lg->lg_done)
+			pending = true;
 	}
 	if (pending || dec->lg_status == 0)
 		return;
 	if (dec->lg_status >= 200 && dec->lg_status < 300) {
+		if (rq->pr_merge && !rq->pr_streaming && !dec->lg_done)
+			return;
 		pd_release(rq);
 		return;
 	}
@@ -717,17 +1067,48 @@ static void
 pd_release(struct pd_req *rq)
 {
 	struct pd_leg *dec = &rq->pr_legs[PD_DECODE];
+	struct pd_leg *pre = &rq->pr_legs[PD_PREFILL];
 	struct conn *c = rq->pr_conn;
+	struct upstream_header *h = rq->pr_dh;
+	size_t nh = rq->pr_ndh, i;
+	char clen[24];
 	bool keep_length;
 
-	keep_length = hdr_find(rq->pr_dh, rq->pr_ndh, "content-length") != NULL;
+	if (rq->pr_merge && !pre->lg_overflow)
+		rq->pr_plp = pd_prefill_logprobs(pre->lg_buf, pre->lg_len);
+	if (rq->pr_plp == NULL)
+		rq->pr_merge = false;
+	keep_length = hdr_find(h, nh, "content-length") != NULL &&
+	    !(rq->pr_merge && rq->pr_streaming);
+	if (rq->pr_merge && !rq->pr_streaming) {
+		/* The whole body is here: its length replaces the worker's. */
+		if (pd_merge_whole(rq) == -1 ||
+		    (h = malloc((nh + 1) * sizeof(*h))) == NULL) {
+			pd_attempt_failed(rq, dec, 503, "out_of_memory",
+			    "Out of memory", false);
+			return;
+		}
+		for (i = 0, nh = 0; i < rq->pr_ndh; i++)
+			if (strcasecmp(rq->pr_dh[i].uh_name,
+			        "content-length") != 0)
+				h[nh++] = rq->pr_dh[i];
+		snprintf(clen, sizeof(clen), "%zu", dec->lg_len);
+		h[nh].uh_name = "content-length";
+		h[nh].uh_name_len = strlen("content-length");
+		h[nh].uh_value = clen;
+		h[nh].uh_value_len = strlen(clen);
+		nh++;
+		keep_length = true;
+	}
 	rq->pr_chunked = !keep_length && conn_http_minor(c) >= 1;
 	if (!keep_length && !rq->pr_chunked)
 		conn_set_close(c); /* HTTP/1.0: the close ends the body */
-	hdr_response_head(conn_out(c), dec->lg_status, rq->pr_dh, rq->pr_ndh,
-	    keep_length, rq->pr_streaming, rq->pr_chunked, rq->pr_id,
-	    dec->lg_d.dc_url, conn_keep_alive(c));
+	hdr_response_head(conn_out(c), dec->lg_status, h, nh, keep_length,
+	    rq->pr_streaming, rq->pr_chunked, rq->pr_id, dec->lg_d.dc_url,
+	    conn_keep_alive(c));
 	rq->pr_head_sent = true;
+	if (h != rq->pr_dh)
+		free(h);
 	free(rq->pr_dh);
 	rq->pr_dh = NULL;
 	rq->pr_ndh = 0;
@@ -746,8 +1127,86 @@ pd_release(struct pd_req *rq)
 	}
 }
 
+/*
+ * The held decode body merged with the prefill's logprobs, in place; a
+ * body that does not merge stays as it is. -1 only when out of memory.
+ */
+static int
+pd_merge_whole(struct pd_req *rq)
+{
+	struct pd_leg *dec = &rq->pr_legs[PD_DECODE];
+	cJSON *j;
+	char *s;
+	int rv = 0;
+
+	if ((j = cJSON_ParseWithLength(dec->lg_buf, dec->lg_len)) == NULL)
+		return 0;
+	if (pd_merge_logprobs(j, rq->pr_plp) == 1) {
+		if ((s = cJSON_PrintUnformatted(j)) == NULL)
+			rv = -1;
+		else {
+			free(dec->lg_buf);
+			dec->lg_buf = s;
+			dec->lg_len = strlen(s);
+			dec->lg_cap = dec->lg_len + 1;
+		}
+	}
+	cJSON_Delete(j);
+	return rv;
+}
+
+/*
+ * Streaming merge: decode bytes are cut into events; each complete one is
+ * merged (or passed as it is) and sent. An event that grows past
+ * PD_MERGE_MAX without ending stops the merging.
+ */
+static void
+pd_sse_feed(struct pd_req *rq, const char *data, size_t len)
+{
+	size_t off = 0, n, outlen;
+	char *out;
+
+	if (pd_append(&rq->pr_sse, &rq->pr_sse_len, &rq->pr_sse_cap, data,
+	        len) == -1) {
+		/* Out of memory: what is held and this piece go unmerged. */
+		if (rq->pr_sse_len > 0)
+			pd_emit(rq, rq->pr_sse, rq->pr_sse_len);
+		rq->pr_sse_len = 0;
+		rq->pr_merge = false;
+		pd_emit(rq, data, len);
+		return;
+	}
+	while ((n = pd_sse_event_len(rq->pr_sse + off, rq->pr_sse_len - off)) >
+	    0) {
+		out = pd_merge_event(rq->pr_sse + off, n, rq->pr_plp, &outlen);
+		if (out != NULL) {
+			pd_emit(rq, out, outlen);
+			free(out);
+		} else
+			pd_emit(rq, rq->pr_sse + off, n);
+		off += n;
+	}
+	memmove(rq->pr_sse, rq->pr_sse + off, rq->pr_sse_len - off);
+	rq->pr_sse_len -= off;
+	if (rq->pr_sse_len > PD_MERGE_MAX) {
+		pd_emit(rq, rq->pr_sse, rq->pr_sse_len);
+		rq->pr_sse_len = 0;
+		rq->pr_merge = false;
+	}
+}
+
+/* Decode bytes for the client (merged when that is asked). */
 static void
 pd_relay(struct pd_req *rq, const char *data, size_t len)
+{
+	if (rq->pr_merge && rq->pr_streaming)
+		pd_sse_feed(rq, data, len);
+	else
+		pd_emit(rq, data, len);
+}
+
+static void
+pd_emit(struct pd_req *rq, const char *data, size_t len)
 {
 	struct pd_leg *dec = &rq->pr_legs[PD_DECODE];
 	struct conn *c = rq->pr_conn;
@@ -793,6 +1252,11 @@ pd_finish(struct pd_req *rq, bool ok)
 	stats_add("smg_router_upstream_responses_total", labels, 1);
 	pd_stop_legs(rq, -1);
 	pd_count(rq, dec->lg_status, ok && dec->lg_status < 400);
+	if (rq->pr_sse_len > 0) {
+		/* The stream ended inside an event: sent as it came. */
+		pd_emit(rq, rq->pr_sse, rq->pr_sse_len);
+		rq->pr_sse_len = 0;
+	}
 	rq->pr_conn = NULL;
 	if (rq->pr_chunked)
 		http_out_append(conn_out(c), "0\r\n\r\n", 5);
@@ -1111,8 +1575,12 @@ pd_free(struct pd_req *rq)
 	for (i = 0; i < PD_NLEGS; i++)
 		decide_cancel(&rq->pr_legs[i].lg_di);
 	pd_stop_legs(rq, -1);
-	for (i = 0; i < PD_NLEGS; i++)
+	for (i = 0; i < PD_NLEGS; i++) {
 		free(rq->pr_legs[i].lg_buf);
+		free(rq->pr_legs[i].lg_body);
+	}
+	cJSON_Delete(rq->pr_plp);
+	free(rq->pr_sse);
 	free(rq->pr_dh);
 	free(rq->pr_body);
 	extract_inputs_free(&rq->pr_in);
@@ -1158,7 +1626,7 @@ ph_decided(void *arg, const struct decision *d)
 	struct ph_probe *pp = arg;
 	struct pd_health *ph = pp->pp_ph;
 	struct upstream_header hdrs[HDR_UPSTREAM_MAX];
-	char auth[SHM_KEY_MAX + 16];
+	char auth[SHM_KEY_MAX + 16], url[SHM_URL_MAX];
 	struct conn *c;
 	size_t n;
 	unsigned i;
@@ -1178,8 +1646,8 @@ ph_decided(void *arg, const struct decision *d)
 	for (i = 0; i < 2; i++) {
 		n = hdr_upstream(ph->ph_hr, ph->ph_id, ph->ph_d[i].dc_api_key,
 		    false, auth, sizeof(auth), hdrs, HDR_UPSTREAM_MAX);
-		ph->ph_up[i] = upstream_request(fe->fe_up, ph->ph_d[i].dc_url,
-		    "GET", "/health_generate", hdrs, n, NULL, 0, &ph_cbs,
+		ph->ph_up[i] = upstream_request(fe->fe_up,
+		    pd_send_url(ph->ph_d[i].dc_url, url, sizeof(url)), "GET", "/health_generate", hdrs, n, NULL, 0, &ph_cbs,
 		    &ph->ph_probe[i]);
 		if (ph->ph_up[i] == NULL)
 			ph->ph_status[i] = -1;

@@ -1,7 +1,9 @@
 /*
  * pd_test.c: the PD body rewriting of gateway.md §11.2: bootstrap host of
- * a worker URL, rooms in [0, 2^63 - 1], and the injected fields as single
- * values or arrays of n for batches, with exact 63-bit integers.
+ * a worker URL, rooms in [0, 2^63 - 1], the injected fields as single
+ * values or arrays of n for batches, with exact 63-bit integers, DP ranks
+ * of "@<rank>" URLs; and the return_logprob merge of §11.5 (JSON, batches,
+ * SSE events).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -101,6 +103,160 @@ test_inject_batch(void **state)
 	cJSON_Delete(j);
 }
 
+static void
+test_dp_rank(void **state)
+{
+	char b[64];
+
+	(void)state;
+	assert_int_equal(pd_dp_rank("http://h:8000@3"), 3);
+	assert_int_equal(pd_dp_rank("http://h@0"), 0);
+	assert_int_equal(pd_dp_rank("http://h:8000"), -1);
+	assert_int_equal(pd_dp_rank("http://h:8000@"), -1);
+	assert_int_equal(pd_dp_rank("http://h:8000@1x"), -1);
+	assert_int_equal(pd_dp_rank("http://h:8000@99999999999"), -1);
+	assert_int_equal(pd_dp_rank("h@2"), -1);
+	assert_int_equal(pd_base_url("http://h:8000@12", b, sizeof(b)), 0);
+	assert_string_equal(b, "http://h:8000");
+	assert_int_equal(pd_base_url("http://h:8000", b, sizeof(b)), 0);
+	assert_string_equal(b, "http://h:8000");
+	assert_int_equal(pd_base_url("http://h:8000@1", b, 8), -1);
+}
+
+static char *
+merged(const char *decode, const char *prefill, int want)
+{
+	cJSON *d = cJSON_Parse(decode), *p = cJSON_Parse(prefill);
+	char *s;
+
+	assert_non_null(d);
+	assert_non_null(p);
+	assert_int_equal(pd_merge_logprobs(d, p), want);
+	s = cJSON_PrintUnformatted(d);
+	cJSON_Delete(d);
+	cJSON_Delete(p);
+	return s;
+}
+
+static void
+test_merge_json(void **state)
+{
+	char *s;
+
+	(void)state;
+	/* The prefill's entries come first. */
+	s = merged("{\"text\":\"x\",\"meta_info\":{\"id\":\"a\","
+		   "\"input_token_logprobs\":[[-0.5,9,null]]}}",
+	    "{\"meta_info\":{\"input_token_logprobs\":"
+	    "[[null,7,null],[-1.25,8,null]]}}",
+	    1);
+	assert_string_equal(s,
+	    "{\"text\":\"x\",\"meta_info\":{\"id\":\"a\","
+	    "\"input_token_logprobs\":[[null,7,null],[-1.25,8,null],"
+	    "[-0.5,9,null]]}}");
+	free(s);
+	/* Empty decode list: the prefill's alone. */
+	s = merged("{\"meta_info\":{\"input_token_logprobs\":[]}}",
+	    "{\"meta_info\":{\"input_token_logprobs\":[[null,1,null]]}}",
+	    1);
+	assert_string_equal(s,
+	    "{\"meta_info\":{\"input_token_logprobs\":[[null,1,null]]}}");
+	free(s);
+	/* No list on one side: unchanged. */
+	s = merged("{\"meta_info\":{\"id\":1}}",
+	    "{\"meta_info\":{\"input_token_logprobs\":[[null,1,null]]}}",
+	    0);
+	assert_string_equal(s, "{\"meta_info\":{\"id\":1}}");
+	free(s);
+	s = merged("{\"meta_info\":{\"input_token_logprobs\":[[1,2,null]]}}",
+	    "{\"meta_info\":{\"input_token_logprobs\":\"no\"}}", 0);
+	assert_string_equal(s,
+	    "{\"meta_info\":{\"input_token_logprobs\":[[1,2,null]]}}");
+	free(s);
+	/* Batches element by element; sizes must agree. */
+	s = merged("[{\"meta_info\":{\"input_token_logprobs\":[[1,1,null]]}},"
+		   "{\"meta_info\":{\"input_token_logprobs\":[[2,2,null]]}}]",
+	    "[{\"meta_info\":{\"input_token_logprobs\":[[3,3,null]]}},"
+	    "{\"meta_info\":{\"input_token_logprobs\":[[4,4,null]]}}]",
+	    1);
+	assert_string_equal(s,
+	    "[{\"meta_info\":{\"input_token_logprobs\":[[3,3,null],"
+	    "[1,1,null]]}},{\"meta_info\":{\"input_token_logprobs\":"
+	    "[[4,4,null],[2,2,null]]}}]");
+	free(s);
+	s = merged("[{\"meta_info\":{\"input_token_logprobs\":[]}}]",
+	    "[{\"meta_info\":{\"input_token_logprobs\":[[1,1,null]]}},{}]",
+	    0);
+	free(s);
+	s = merged("[{\"meta_info\":{\"input_token_logprobs\":[]}}]",
+	    "{\"meta_info\":{\"input_token_logprobs\":[[1,1,null]]}}", 0);
+	free(s);
+}
+
+static void
+test_prefill_body(void **state)
+{
+	const char *sse =
+	    ": comment\n\n"
+	    "data: {\"text\":\"a\",\"meta_info\":{\"id\":1}}\n\n"
+	    "data: {\"meta_info\":{\"input_token_logprobs\":[[null,5,null]]}}"
+	    "\r\n\r\n"
+	    "data: {\"meta_info\":{\"input_token_logprobs\":[[0,6,null]]}}\n\n"
+	    "data: [DONE]\n\n";
+	const char *js = " {\"meta_info\":{\"input_token_logprobs\":[]}}";
+	cJSON *j;
+	char *s;
+
+	(void)state;
+	j = pd_prefill_logprobs(js, strlen(js));
+	assert_true(cJSON_IsObject(j));
+	cJSON_Delete(j);
+	/* SSE: the first event holding the list. */
+	j = pd_prefill_logprobs(sse, strlen(sse));
+	assert_non_null(j);
+	s = cJSON_PrintUnformatted(j);
+	assert_string_equal(s,
+	    "{\"meta_info\":{\"input_token_logprobs\":[[null,5,null]]}}");
+	free(s);
+	cJSON_Delete(j);
+	assert_null(pd_prefill_logprobs("data: [DONE]\n\n", 14));
+	assert_null(pd_prefill_logprobs("not json", 8));
+	assert_null(pd_prefill_logprobs("", 0));
+	assert_null(pd_prefill_logprobs("data: {\"a\":", 12));
+}
+
+static void
+test_sse_events(void **state)
+{
+	const char *two = "data: {}\n\ndata: [DONE]\r\n\r\n";
+	const char *ev = "data: {\"text\":\"x\",\"meta_info\":"
+			 "{\"input_token_logprobs\":[[-1,9,null]]}}\n\n";
+	cJSON *p = cJSON_Parse(
+	    "{\"meta_info\":{\"input_token_logprobs\":[[null,8,null]]}}");
+	size_t n = 0;
+	char *out;
+
+	(void)state;
+	assert_int_equal(pd_sse_event_len(two, strlen(two)), 10);
+	assert_int_equal(pd_sse_event_len(two + 10, strlen(two) - 10), 16);
+	assert_int_equal(pd_sse_event_len("data: {}\n", 9), 0);
+	assert_int_equal(pd_sse_event_len("", 0), 0);
+	out = pd_merge_event(ev, strlen(ev), p, &n);
+	assert_non_null(out);
+	assert_int_equal(n, strlen(out));
+	assert_string_equal(out,
+	    "data: {\"text\":\"x\",\"meta_info\":{\"input_token_logprobs\":"
+	    "[[null,8,null],[-1,9,null]]}}\n\n");
+	free(out);
+	/* Left alone: [DONE], no list, several lines, not JSON. */
+	assert_null(pd_merge_event("data: [DONE]\n\n", 14, p, &n));
+	assert_null(pd_merge_event("data: {\"a\":1}\n\n", 15, p, &n));
+	assert_null(pd_merge_event("event: x\ndata: {}\n\n", 20, p, &n));
+	assert_null(pd_merge_event("data: {}\ndata: {}\n\n", 20, p, &n));
+	assert_null(pd_merge_event("data: {\n\n", 9, p, &n));
+	cJSON_Delete(p);
+}
+
 int
 main(void)
 {
@@ -109,6 +265,10 @@ main(void)
 		cmocka_unit_test(test_rooms),
 		cmocka_unit_test(test_inject_single),
 		cmocka_unit_test(test_inject_batch),
+		cmocka_unit_test(test_dp_rank),
+		cmocka_unit_test(test_merge_json),
+		cmocka_unit_test(test_prefill_body),
+		cmocka_unit_test(test_sse_events),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -9,9 +9,8 @@
  * with backoff. SIGTERM/SIGINT stop every child (SIGKILL after 4 s, or
  * after SMG_STOP_SECS from the environment for runs slowed down on purpose,
  * e.g. under valgrind), remove the run dir's sockets, the segment and the
- * run dir, and exit 0. SIGHUP is
- * passed on to the children. Children get PR_SET_PDEATHSIG so they never
- * outlive a launcher killed with SIGKILL.
+ * run dir, and exit 0. SIGHUP is passed on to the children. Children get
+ * PR_SET_PDEATHSIG so they never outlive a launcher killed with SIGKILL.
  */
 #include <dirent.h>
 #include <errno.h>

@@ -23,8 +23,9 @@
 #include "shared/log.h"
 #include "shared/xmalloc.h"
 
-#define IPC_SERVER_SEND_MS  50 /* a reply waits this long for a busy pipe */
-#define IPC_DRAIN_MAX       1024 /* messages per loop wakeup */
+#define IPC_SERVER_CONTEXTS 256 /* REP requests held at once */
+#define IPC_SERVER_SEND_MS  5000 /* a reply a peer never drains */
+#define IPC_DRAIN_MAX       1024 /* PULL messages per loop wakeup */
 #define IPC_RECONN_MIN_MS   20
 #define IPC_RECONN_MAX_MS   500
 #define IPC_PUSH_SENDBUF    1024 /* messages queued while the peer is away */
@@ -39,6 +40,17 @@ enum ipc_op {
 	IPC_OP_RECV,
 };
 
+/* One REP context: receive, hand to the loop, send the reply, repeat. */
+struct ipc_srv_ctx {
+	struct ipc_server *sx_srv;
+	nng_ctx sx_ctx;
+	nng_aio *sx_aio;
+	enum ipc_op sx_op;
+	int sx_status;
+	nng_msg *sx_msg;
+	struct ipc_srv_ctx *sx_next; /* completion queue */
+};
+
 struct ipc_server {
 	struct ev_loop *srv_loop;
 	enum ipc_server_kind srv_kind;
@@ -46,9 +58,16 @@ struct ipc_server {
 	int srv_sock_open;
 	ipc_server_cb srv_cb;
 	void *srv_arg;
-	ev_io srv_io; /* receive poll fd */
+	ev_io srv_io; /* PULL: receive poll fd */
+	ev_async srv_async; /* REP: completions from nng */
+	int srv_async_started;
+	pthread_mutex_t srv_mtx;
+	struct ipc_srv_ctx *srv_done; /* LIFO, reversed on pop */
+	struct ipc_srv_ctx *srv_ctxs;
+	unsigned srv_nctx;
 	int srv_dispatching;
 	int srv_free_pending;
+	_Atomic int srv_closing; /* read by nng threads */
 };
 
 /* One REQ context and its request. */
@@ -99,9 +118,13 @@ struct ipc_client {
 };
 
 static int ipc_remove_stale(const char *);
+static void ipc_srv_ctx_cb(void *);
+static void ipc_srv_recv(struct ipc_srv_ctx *);
+static void ipc_srv_finish(struct ipc_server *, struct ipc_srv_ctx *);
+static void ipc_srv_async_cb(struct ev_loop *, ev_async *, int);
 static void ipc_srv_io_cb(struct ev_loop *, ev_io *, int);
-static void ipc_srv_reply(struct ipc_server *, uint8_t *, size_t);
 static void ipc_srv_destroy(struct ipc_server *);
+static struct ipc_srv_ctx *ipc_srv_take_done(struct ipc_server *);
 static void ipc_req_cb(void *);
 static void ipc_client_async_cb(struct ev_loop *, ev_async *, int);
 static void ipc_client_complete(struct ipc_client *, struct ipc_req *, int);
@@ -200,6 +223,8 @@ ipc_server_new(struct ev_loop *loop, const char *url, enum ipc_server_kind kind,
     ipc_server_cb cb, void *arg)
 {
 	struct ipc_server *srv;
+	struct ipc_srv_ctx *sx;
+	unsigned i;
 	int rv, fd;
 
 	srv = xcalloc(1, sizeof(*srv));
@@ -207,6 +232,8 @@ ipc_server_new(struct ev_loop *loop, const char *url, enum ipc_server_kind kind,
 	srv->srv_kind = kind;
 	srv->srv_cb = cb;
 	srv->srv_arg = arg;
+	if (pthread_mutex_init(&srv->srv_mtx, NULL) != 0)
+		fatalx("%s: pthread_mutex_init", __func__);
 
 	rv = kind == IPC_SERVER_REP ? nng_rep0_open(&srv->srv_sock)
 	                            : nng_pull0_open(&srv->srv_sock);
@@ -216,11 +243,9 @@ ipc_server_new(struct ev_loop *loop, const char *url, enum ipc_server_kind kind,
 	}
 	srv->srv_sock_open = 1;
 	if ((rv = nng_socket_set_size(srv->srv_sock, NNG_OPT_RECVMAXSZ,
-	         IPC_MAX_MSG)) != 0 ||
-	    (kind == IPC_SERVER_REP &&
-	        (rv = nng_socket_set_ms(srv->srv_sock, NNG_OPT_SENDTIMEO,
-	             IPC_SERVER_SEND_MS)) != 0)) {
-		log_warnx("%s: options: %s", __func__, nng_strerror(rv));
+	         IPC_MAX_MSG)) != 0) {
+		log_warnx("%s: %s: %s", __func__, NNG_OPT_RECVMAXSZ,
+		    nng_strerror(rv));
 		goto fail;
 	}
 	if (ipc_remove_stale(url) == -1)
@@ -229,14 +254,46 @@ ipc_server_new(struct ev_loop *loop, const char *url, enum ipc_server_kind kind,
 		log_warnx("%s: listen %s: %s", __func__, url, nng_strerror(rv));
 		goto fail;
 	}
-	if ((rv = nng_socket_get_int(srv->srv_sock, NNG_OPT_RECVFD, &fd)) !=
-	    0) {
-		log_warnx("%s: %s: %s", __func__, NNG_OPT_RECVFD,
-		    nng_strerror(rv));
-		goto fail;
+
+	if (kind == IPC_SERVER_PULL) {
+		if ((rv = nng_socket_get_int(srv->srv_sock, NNG_OPT_RECVFD,
+		         &fd)) != 0) {
+			log_warnx("%s: %s: %s", __func__, NNG_OPT_RECVFD,
+			    nng_strerror(rv));
+			goto fail;
+		}
+		ev_io_init(&srv->srv_io, ipc_srv_io_cb, fd, EV_READ);
+		ev_io_start(loop, &srv->srv_io);
+		return srv;
 	}
-	ev_io_init(&srv->srv_io, ipc_srv_io_cb, fd, EV_READ);
-	ev_io_start(loop, &srv->srv_io);
+
+	/*
+	 * REP: a plain REP socket serves one request at a time and a
+	 * non-blocking reply fails while the pipe is still sending the
+	 * previous one, so many contexts receive in parallel instead and
+	 * the loop answers each as it comes.
+	 */
+	ev_async_init(&srv->srv_async, ipc_srv_async_cb);
+	ev_async_start(loop, &srv->srv_async);
+	srv->srv_async_started = 1;
+	srv->srv_ctxs = xcalloc(IPC_SERVER_CONTEXTS, sizeof(*srv->srv_ctxs));
+	for (i = 0; i < IPC_SERVER_CONTEXTS; i++) {
+		sx = &srv->srv_ctxs[i];
+		sx->sx_srv = srv;
+		if ((rv = nng_ctx_open(&sx->sx_ctx, srv->srv_sock)) != 0) {
+			log_warnx("%s: ctx: %s", __func__, nng_strerror(rv));
+			goto fail;
+		}
+		if ((rv = nng_aio_alloc(&sx->sx_aio, ipc_srv_ctx_cb, sx)) !=
+		    0) {
+			nng_ctx_close(sx->sx_ctx);
+			log_warnx("%s: aio: %s", __func__, nng_strerror(rv));
+			goto fail;
+		}
+		srv->srv_nctx++;
+	}
+	for (i = 0; i < srv->srv_nctx; i++)
+		ipc_srv_recv(&srv->srv_ctxs[i]);
 	return srv;
 
 fail:
@@ -259,59 +316,176 @@ ipc_server_free(struct ipc_server *srv)
 static void
 ipc_srv_destroy(struct ipc_server *srv)
 {
+	struct ipc_srv_ctx *sx;
+	unsigned i;
+
 	srv->srv_free_pending = 1;
-	ev_io_stop(srv->srv_loop, &srv->srv_io);
+	atomic_store(&srv->srv_closing, 1);
+	for (i = 0; i < srv->srv_nctx; i++)
+		nng_aio_stop(srv->srv_ctxs[i].sx_aio);
 	if (srv->srv_sock_open)
 		nng_close(srv->srv_sock);
+	while ((sx = ipc_srv_take_done(srv)) != NULL) {
+		while (sx != NULL) {
+			nng_msg_free(sx->sx_msg);
+			sx->sx_msg = NULL;
+			sx = sx->sx_next;
+		}
+	}
+	for (i = 0; i < srv->srv_nctx; i++)
+		nng_aio_free(srv->srv_ctxs[i].sx_aio);
+	if (srv->srv_kind == IPC_SERVER_PULL)
+		ev_io_stop(srv->srv_loop, &srv->srv_io);
+	if (srv->srv_async_started)
+		ev_async_stop(srv->srv_loop, &srv->srv_async);
+	pthread_mutex_destroy(&srv->srv_mtx);
+	free(srv->srv_ctxs);
 	free(srv);
 }
 
-/*
- * Loop: sends a reply on the socket itself. The socket remembers which
- * pipe the request came from; that pipe is normally idle (its peer waits
- * for this very reply), so the send completes at once. While the pipe
- * still finishes an earlier reply the send waits for it, at most
- * IPC_SERVER_SEND_MS; a reply that cannot go is dropped and the peer's
- * deadline answers for it.
- */
+/* Loop (or a closing nng callback): wait for the next request. */
 static void
-ipc_srv_reply(struct ipc_server *srv, uint8_t *reply, size_t reply_len)
+ipc_srv_recv(struct ipc_srv_ctx *sx)
 {
-	nng_msg *rep;
+	sx->sx_op = IPC_OP_RECV;
+	nng_aio_set_timeout(sx->sx_aio, NNG_DURATION_INFINITE);
+	nng_ctx_recv(sx->sx_ctx, sx->sx_aio);
+}
+
+/* nng thread: a reply went out (receive again) or a request came in. */
+static void
+ipc_srv_ctx_cb(void *arg)
+{
+	struct ipc_srv_ctx *sx = arg;
+	struct ipc_server *srv = sx->sx_srv;
 	int rv;
 
+	rv = nng_aio_result(sx->sx_aio);
+	if (sx->sx_op == IPC_OP_SEND) {
+		if (rv != 0) {
+			/* A failed send leaves the message with us. */
+			nng_msg_free(nng_aio_get_msg(sx->sx_aio));
+			nng_aio_set_msg(sx->sx_aio, NULL);
+		}
+		/*
+		 * A reply to a client that went away fails; the context
+		 * still serves the next request unless we are closing.
+		 */
+		if (atomic_load(&srv->srv_closing) || rv == NNG_ECANCELED) {
+			sx->sx_op = IPC_OP_IDLE;
+			return;
+		}
+		ipc_srv_recv(sx);
+		return;
+	}
+	sx->sx_status = rv;
+	sx->sx_msg = NULL;
+	if (rv == 0) {
+		sx->sx_msg = nng_aio_get_msg(sx->sx_aio);
+		nng_aio_set_msg(sx->sx_aio, NULL);
+	}
+	sx->sx_op = IPC_OP_IDLE;
+	pthread_mutex_lock(&srv->srv_mtx);
+	sx->sx_next = srv->srv_done;
+	srv->srv_done = sx;
+	pthread_mutex_unlock(&srv->srv_mtx);
+	ev_async_send(srv->srv_loop, &srv->srv_async);
+}
+
+/* Pops every queued completion, oldest first. */
+static struct ipc_srv_ctx *
+ipc_srv_take_done(struct ipc_server *srv)
+{
+	struct ipc_srv_ctx *sx, *next, *out = NULL;
+
+	pthread_mutex_lock(&srv->srv_mtx);
+	sx = srv->srv_done;
+	srv->srv_done = NULL;
+	pthread_mutex_unlock(&srv->srv_mtx);
+	for (; sx != NULL; sx = next) {
+		next = sx->sx_next;
+		sx->sx_next = out;
+		out = sx;
+	}
+	return out;
+}
+
+static void
+ipc_srv_async_cb(struct ev_loop *loop, ev_async *w, int revents)
+{
+	struct ipc_server *srv;
+	struct ipc_srv_ctx *sx, *next;
+
+	(void)loop;
+	(void)revents;
+	srv = IPC_CONTAINER_OF(w, struct ipc_server, srv_async);
+	srv->srv_dispatching = 1;
+	for (sx = ipc_srv_take_done(srv); sx != NULL; sx = next) {
+		next = sx->sx_next;
+		if (srv->srv_free_pending) {
+			nng_msg_free(sx->sx_msg);
+			sx->sx_msg = NULL;
+			continue;
+		}
+		ipc_srv_finish(srv, sx);
+	}
+	srv->srv_dispatching = 0;
+	if (srv->srv_free_pending)
+		ipc_srv_destroy(srv);
+}
+
+/* Loop: hand a request to the caller and send its reply. */
+static void
+ipc_srv_finish(struct ipc_server *srv, struct ipc_srv_ctx *sx)
+{
+	nng_msg *req = sx->sx_msg, *rep;
+	uint8_t *reply = NULL;
+	size_t reply_len = 0;
+	int rv;
+
+	sx->sx_msg = NULL;
+	if (atomic_load(&srv->srv_closing) || sx->sx_status == NNG_ECANCELED)
+		return;
+	if (sx->sx_status != 0) {
+		log_warnx("%s: receive: %s", __func__,
+		    nng_strerror(sx->sx_status));
+		ipc_srv_recv(sx);
+		return;
+	}
+	srv->srv_cb(srv->srv_arg, nng_msg_body(req), nng_msg_len(req), &reply,
+	    &reply_len);
+	nng_msg_free(req);
+	if (reply == NULL || srv->srv_free_pending) {
+		free(reply);
+		if (!srv->srv_free_pending)
+			ipc_srv_recv(sx);
+		return;
+	}
 	if ((rv = nng_msg_alloc(&rep, reply_len)) != 0) {
 		log_warnx("%s: reply: %s", __func__, nng_strerror(rv));
 		free(reply);
+		ipc_srv_recv(sx);
 		return;
 	}
 	if (reply_len > 0)
 		memcpy(nng_msg_body(rep), reply, reply_len);
 	free(reply);
-	if ((rv = nng_sendmsg(srv->srv_sock, rep, 0)) != 0) {
-		log_warnx("%s: send: %s", __func__, nng_strerror(rv));
-		nng_msg_free(rep);
-	}
+	sx->sx_op = IPC_OP_SEND;
+	nng_aio_set_msg(sx->sx_aio, rep);
+	nng_aio_set_timeout(sx->sx_aio, IPC_SERVER_SEND_MS);
+	nng_ctx_send(sx->sx_ctx, sx->sx_aio);
 }
 
-/*
- * Loop: the receive poll fd is readable. Each request is handed to the
- * caller and answered before the next is taken (REP serves one request
- * at a time, and the callback answers at once).
- */
 static void
 ipc_srv_io_cb(struct ev_loop *loop, ev_io *w, int revents)
 {
 	struct ipc_server *srv;
-	uint8_t *reply;
-	size_t reply_len;
 	nng_msg *m;
-	int i, rv, rep;
+	int i, rv;
 
 	(void)loop;
 	(void)revents;
 	srv = IPC_CONTAINER_OF(w, struct ipc_server, srv_io);
-	rep = srv->srv_kind == IPC_SERVER_REP;
 	for (i = 0; i < IPC_DRAIN_MAX; i++) {
 		rv = nng_recvmsg(srv->srv_sock, &m, NNG_FLAG_NONBLOCK);
 		if (rv == NNG_EAGAIN)
@@ -321,20 +495,15 @@ ipc_srv_io_cb(struct ev_loop *loop, ev_io *w, int revents)
 			    nng_strerror(rv));
 			break;
 		}
-		reply = NULL;
-		reply_len = 0;
 		srv->srv_dispatching = 1;
-		srv->srv_cb(srv->srv_arg, nng_msg_body(m), nng_msg_len(m),
-		    rep ? &reply : NULL, rep ? &reply_len : NULL);
+		srv->srv_cb(srv->srv_arg, nng_msg_body(m), nng_msg_len(m), NULL,
+		    NULL);
 		srv->srv_dispatching = 0;
 		nng_msg_free(m);
 		if (srv->srv_free_pending) {
-			free(reply);
 			ipc_srv_destroy(srv);
 			return;
 		}
-		if (reply != NULL)
-			ipc_srv_reply(srv, reply, reply_len);
 	}
 }
 

@@ -1,11 +1,13 @@
 /*
  * ipc.h: nng messaging for libev loops, and the envelope codec.
  *
- * Server side (broker): the socket's receive poll fd is watched by an
+ * Server side (broker): a PULL socket's receive poll fd is watched by an
  * ev_io; on readiness the loop drains with NNG_FLAG_NONBLOCK, no threads
- * of ours involved. REP answers each request before taking the next (the
- * callback answers at once); a reply waits for its pipe only while that
- * pipe still finishes an earlier reply, a short bounded wait.
+ * involved. A REP socket cannot answer many concurrent requests that way
+ * (one request at a time, and a non-blocking reply fails while the pipe is
+ * still busy), so REP uses a pool of nng contexts whose completions are
+ * queued to the loop like the client's; the caller's callback still runs
+ * on the loop and never blocks it.
  *
  * Client side (frontends): ipc_client sends requests on nng contexts; nng
  * completes them on its own threads, whose callbacks only queue the result

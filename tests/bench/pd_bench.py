@@ -20,6 +20,7 @@ library only; ports are picked free; every process started is stopped.
 
 usage: /usr/bin/python3 tests/bench/pd_bench.py [--build-dir DIR]
            [--requests N] [--rate R] [--time-scale S] [--out FILE]
+           [--policies P,...] [--log-level debug]
 """
 import argparse
 import http.client
@@ -177,7 +178,8 @@ def run_target(args, build, tmp, policy, workload):
                 "--state-dir", os.path.join(tmp, f"state-{policy}"),
                 "--pd-disaggregation", "--policy", "round_robin",
                 "--prefill-policy", policy, "--decode-policy", "round_robin",
-                "--load-monitor-interval", "1"]
+                "--load-monitor-interval", "1",
+                "--log-level", args.log_level]
         for p, b in prefill:
             argv += ["--prefill", f"http://127.0.0.1:{p}", str(b)]
         for d in decode:
@@ -221,6 +223,9 @@ def main():
     ap.add_argument("--time-scale", type=float, default=2.0)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--log-level", default="info",
+                    help="the gateway's --log-level (debug: the broker "
+                    "logs every bucket decision and the ranges)")
     ap.add_argument("--out")
     args = ap.parse_args()
     rng = random.Random(args.seed)
@@ -231,6 +236,7 @@ def main():
         n = int(n * rng.uniform(0.8, 1.2))
         workload.append((kind, text(n, rng)))
     tmp = tempfile.mkdtemp(prefix="pd-bench-")
+    log(f"logs in {tmp}")
     rows = []
     for policy in args.policies.split(","):
         log(f"{policy}: {args.requests} requests at {args.rate}/s")

@@ -5,7 +5,9 @@
  * directory the workers of a test share; a decode worker (and a prefill
  * worker given an encode partner) waits for the room named by the request
  * before it runs, as a KV transfer would, and fails the request when the
- * room does not appear within the bootstrap timeout.
+ * room does not appear within the bootstrap timeout. The stats show the
+ * last bootstrap fields and DP-rank fields (routed_dp_rank,
+ * disagg_prefill_dp_rank) a request carried.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -39,6 +41,8 @@ struct pdsim {
 	unsigned ps_nextroom;
 	char ps_last_host[128];
 	char ps_last_port[16];
+	long ps_last_dp_rank; /* -1: absent */
+	long ps_last_prefill_dp_rank;
 };
 
 static void pdsim_poll_cb(struct ev_loop *, ev_timer *, int);
@@ -86,6 +90,8 @@ pdsim_new(struct ev_loop *loop, enum sim_role role, const char *host,
 	ps->ps_role = role;
 	ps->ps_host = xstrdup(host);
 	ps->ps_port = bootstrap_port;
+	ps->ps_last_dp_rank = -1;
+	ps->ps_last_prefill_dp_rank = -1;
 	ps->ps_dir = dir != NULL ? xstrdup(dir) : NULL;
 	ps->ps_timeout = timeout;
 	return ps;
@@ -185,6 +191,17 @@ pdsim_parse(struct pdsim *ps, const char *raw, size_t rawlen, const cJSON *body,
 	        sizeof(room)) == -1)
 		return ps->ps_role == SIM_ROLE_DECODE ? -1 : 0;
 	q->pq_has = 1;
+	{
+		const cJSON *r = cJSON_GetObjectItemCaseSensitive(body,
+		                "routed_dp_rank"),
+		            *pr = cJSON_GetObjectItemCaseSensitive(body,
+		                "disagg_prefill_dp_rank");
+
+		ps->ps_last_dp_rank =
+		    cJSON_IsNumber(r) ? (long)r->valuedouble : -1;
+		ps->ps_last_prefill_dp_rank =
+		    cJSON_IsNumber(pr) ? (long)pr->valuedouble : -1;
+	}
 	snprintf(ps->ps_rooms[ps->ps_nextroom], sizeof(ps->ps_rooms[0]), "%s",
 	    room);
 	ps->ps_nextroom = (ps->ps_nextroom + 1) % PDSIM_ROOMS;
@@ -334,6 +351,16 @@ pdsim_stats_json(const struct pdsim *ps, cJSON *obj)
 	cJSON_AddNumberToObject(b, "waiting", (double)ps->ps_waiting);
 	cJSON_AddStringToObject(b, "last_host", ps->ps_last_host);
 	cJSON_AddStringToObject(b, "last_port", ps->ps_last_port);
+	if (ps->ps_last_dp_rank >= 0)
+		cJSON_AddNumberToObject(b, "last_dp_rank",
+		    (double)ps->ps_last_dp_rank);
+	else
+		cJSON_AddNullToObject(b, "last_dp_rank");
+	if (ps->ps_last_prefill_dp_rank >= 0)
+		cJSON_AddNumberToObject(b, "last_prefill_dp_rank",
+		    (double)ps->ps_last_prefill_dp_rank);
+	else
+		cJSON_AddNullToObject(b, "last_prefill_dp_rank");
 	/* Oldest first; strings, since rooms exceed a double's precision. */
 	rooms = cJSON_AddArrayToObject(b, "rooms");
 	for (i = 0; i < ps->ps_nrooms; i++) {

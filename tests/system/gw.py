@@ -5,6 +5,9 @@ loopback ports with its run and state dirs under tmp_path and returns once
 GET /liveness answers. Gateway.stop() is the shutdown contract: SIGTERM,
 everything gone within 5 s, no socket or shm file left, exit 0, and no
 sanitizer report in the log (all processes share the launcher's stderr).
+With SMG_VALGRIND=1 (see util.py) every process runs under valgrind, and
+stop() also asserts that each one alive at the SIGTERM wrote a complete,
+clean valgrind report (the launcher is given SMG_STOP_SECS to wait for them).
 Use it as a context manager to SIGKILL everything if a test fails midway.
 """
 import os
@@ -177,6 +180,21 @@ class Gateway:
             f"sockets left: {sockets_in(self.run_dir)}"
         assert not os.path.exists(os.path.join(self.run_dir, "smg.shm")), \
             "shm segment left"
+        if util.VALGRIND:
+            # Every process alive at the SIGTERM exited on its own, so
+            # each one's leaks were checked (Proc.stop read the reports).
+            # A child still starting up dies of the SIGTERM itself, before
+            # it has anything to leak.
+            log = self.log()
+            assert "ignored SIGTERM" not in log, log[-3000:]
+            for pid in [self.proc.pid] + children:
+                if f"pid {pid} killed by signal {int(signal.SIGTERM)} " \
+                        in log:
+                    continue
+                path = f"{self.proc.vg_prefix}.{pid}.log"
+                assert os.path.exists(path) and \
+                    util.valgrind_complete(path), \
+                    f"{path}: no valgrind summary (killed?)\n{log[-3000:]}"
 
     def kill(self):
         """SIGKILL the launcher and every child; no checks."""

@@ -11,8 +11,8 @@ launcher execs included; each process writes <tmp>/vg.<name>.<pid>.log and
 stop() fails the test when one of them reports an error or a definite or
 indirect leak. Timeouts are stretched (TEST_TIMEOUT_MULT, 10 unless set).
 """
-import http.client
 import glob
+import http.client
 import json
 import os
 import re
@@ -21,12 +21,18 @@ import socket
 import subprocess
 import time
 
+import pytest
+
 BUILD_DIR = os.environ.get(
     "SMG_BUILD_DIR",
     os.path.join(os.path.dirname(__file__), "..", "..", "build"))
 VALGRIND = os.environ.get("SMG_VALGRIND", "") not in ("", "0")
 TIMEOUT_MULT = float(os.environ.get("TEST_TIMEOUT_MULT",
                                     "10" if VALGRIND else "1"))
+# For a test that measures time and cannot fit valgrind's slowdown; it
+# still runs in every other mode.
+skip_under_valgrind = pytest.mark.skipif(
+    VALGRIND, reason="timing-sensitive; does not fit valgrind's slowdown")
 VALGRIND_SUPP = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                              "valgrind.supp")
 SANITIZER_MARKS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer",
@@ -134,6 +140,14 @@ _VG_LOST = re.compile(r"(definitely|indirectly) lost: ([\d,]+) bytes")
 _VG_STACK = re.compile(r"^==\d+==\s+(at|by) 0x", re.M)
 
 
+def valgrind_complete(path):
+    """Whether a valgrind log holds the end-of-run summary (a process
+    killed by SIGKILL writes none, so its leaks went unchecked)."""
+    with open(path, "rb") as f:
+        return _VG_SUMMARY.search(f.read().decode(errors="replace")) \
+            is not None
+
+
 def valgrind_problems(path):
     """A non-empty excerpt when a valgrind log reports errors or leaks."""
     with open(path, "rb") as f:
@@ -160,6 +174,10 @@ class Proc:
         self._log = open(self.log_path, "ab")
         full_env = dict(os.environ)
         full_env.setdefault("ASAN_OPTIONS", "detect_leaks=1")
+        if VALGRIND:
+            # The launcher's SIGTERM-to-SIGKILL delay: memcheck's leak
+            # scan at exit takes seconds, and a killed child reports none.
+            full_env.setdefault("SMG_STOP_SECS", str(4 * TIMEOUT_MULT))
         if env:
             full_env.update(env)
         self.p = subprocess.Popen(argv, stdout=self._log,
