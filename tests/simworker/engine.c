@@ -61,6 +61,8 @@ struct engine {
 	uint64_t e_output_tokens;
 	double e_win_start; /* throughput window */
 	uint64_t e_win_tokens;
+	double e_win_busy; /* seconds spent stepping in the window */
+	double e_step_secs; /* length of the step being run */
 	double e_rate;
 };
 
@@ -68,6 +70,7 @@ static void engine_kick(struct engine *);
 static void engine_step_begin(struct engine *);
 static int engine_step_plan(struct engine *, double *);
 static void engine_step_run(struct engine *);
+static double engine_window_rate(const struct engine *, double);
 static void engine_step_cb(struct ev_loop *, ev_timer *, int);
 static void engine_hold_cb(struct ev_loop *, ev_timer *, int);
 static int engine_admit(struct engine *, struct engine_req *);
@@ -270,6 +273,7 @@ engine_step_plan(struct engine *e, double *delay)
 		ms += e->e_params.ep_decode_base_ms +
 		    e->e_params.ep_decode_per_req_ms * decoding;
 	*delay = engine_scale(e, ms / 1000.0);
+	e->e_step_secs = *delay;
 	return 0;
 }
 
@@ -343,12 +347,29 @@ engine_step_run(struct engine *e)
 		if (r->er_info.ei_output_tokens >= r->er_max_tokens)
 			engine_finish(e, r);
 	}
+	e->e_win_busy += e->e_step_secs;
 	if (now - e->e_win_start >= 1.0) {
-		e->e_rate = (double)(e->e_output_tokens - e->e_win_tokens) /
-		    (now - e->e_win_start);
+		e->e_rate = engine_window_rate(e, now);
 		e->e_win_start = now;
 		e->e_win_tokens = e->e_output_tokens;
+		e->e_win_busy = 0;
 	}
+}
+
+/*
+ * Generation throughput as engines report it: tokens over the time spent
+ * decoding, not diluted by idle time (an idle engine is not a slow one).
+ * Without sleeping (--time-scale 0) steps take no simulated time: use the
+ * wall clock.
+ */
+static double
+engine_window_rate(const struct engine *e, double now)
+{
+	double tokens = (double)(e->e_output_tokens - e->e_win_tokens);
+
+	if (e->e_win_busy > 0)
+		return tokens / e->e_win_busy;
+	return now > e->e_win_start ? tokens / (now - e->e_win_start) : 0;
 }
 
 static void
@@ -407,8 +428,7 @@ engine_get_stats(const struct engine *e, struct engine_stats *out)
 	out->es_capacity_tokens = cache_capacity(e->e_cache);
 	elapsed = now - e->e_win_start;
 	if (elapsed >= 1.0)
-		out->es_gen_throughput =
-		    (double)(e->e_output_tokens - e->e_win_tokens) / elapsed;
+		out->es_gen_throughput = engine_window_rate(e, now);
 	else
 		out->es_gen_throughput = e->e_rate;
 	out->es_prompt_tokens = e->e_prompt_tokens;

@@ -112,7 +112,8 @@ struct engine_stats {
 	uint64_t es_waiting_uncached; /* prompt tokens not cached at arrival */
 	uint64_t es_used_tokens;
 	uint64_t es_capacity_tokens;
-	double es_gen_throughput; /* tokens/s over the last second or so */
+	double
+	    es_gen_throughput; /* tokens/s while decoding, last second or so */
 	uint64_t es_prompt_tokens; /* totals since start */
 	uint64_t es_cached_tokens;
 	uint64_t es_output_tokens;
