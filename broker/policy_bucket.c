@@ -313,14 +313,14 @@ pbucket_log_ranges(const struct pb_model *m)
 			log_debug("%s: model %s: %s [%llu, inf] window %llu",
 			    __func__, m->pbm_name, r[i].br_url,
 			    (unsigned long long)r[i].br_lo,
-			    (unsigned long long)bucket_window_sum(
-				m->pbm_bucket, r[i].br_url));
+			    (unsigned long long)bucket_window_sum(m->pbm_bucket,
+			        r[i].br_url));
 		else
 			log_debug("%s: model %s: %s [%llu, %llu] window %llu",
 			    __func__, m->pbm_name, r[i].br_url,
 			    (unsigned long long)r[i].br_lo,
 			    (unsigned long long)r[i].br_hi,
-			    (unsigned long long)bucket_window_sum(
-				m->pbm_bucket, r[i].br_url));
+			    (unsigned long long)bucket_window_sum(m->pbm_bucket,
+			        r[i].br_url));
 	}
 }

@@ -371,8 +371,8 @@ pd_logprob_list(const cJSON *j)
 	cJSON *m, *l;
 
 	if (!cJSON_IsObject(j) ||
-	    !cJSON_IsObject(m = cJSON_GetObjectItemCaseSensitive(j,
-	                        "meta_info")) ||
+	    !cJSON_IsObject(
+	        m = cJSON_GetObjectItemCaseSensitive(j, "meta_info")) ||
 	    !cJSON_IsArray(l = cJSON_GetObjectItemCaseSensitive(m,
 	                       "input_token_logprobs")))
 		return NULL;
@@ -502,8 +502,7 @@ pd_prefill_logprobs(const char *body, size_t len)
 }
 
 char *
-pd_merge_event(const char *ev, size_t len, const cJSON *prefill,
-    size_t *outlen)
+pd_merge_event(const char *ev, size_t len, const cJSON *prefill, size_t *outlen)
 {
 	cJSON *j;
 	char *s, *out = NULL;
@@ -1647,7 +1646,8 @@ ph_decided(void *arg, const struct decision *d)
 		n = hdr_upstream(ph->ph_hr, ph->ph_id, ph->ph_d[i].dc_api_key,
 		    false, auth, sizeof(auth), hdrs, HDR_UPSTREAM_MAX);
 		ph->ph_up[i] = upstream_request(fe->fe_up,
-		    pd_send_url(ph->ph_d[i].dc_url, url, sizeof(url)), "GET", "/health_generate", hdrs, n, NULL, 0, &ph_cbs,
+		    pd_send_url(ph->ph_d[i].dc_url, url, sizeof(url)), "GET",
+		    "/health_generate", hdrs, n, NULL, 0, &ph_cbs,
 		    &ph->ph_probe[i]);
 		if (ph->ph_up[i] == NULL)
 			ph->ph_status[i] = -1;

@@ -146,7 +146,7 @@ test_merge_json(void **state)
 	(void)state;
 	/* The prefill's entries come first. */
 	s = merged("{\"text\":\"x\",\"meta_info\":{\"id\":\"a\","
-		   "\"input_token_logprobs\":[[-0.5,9,null]]}}",
+	           "\"input_token_logprobs\":[[-0.5,9,null]]}}",
 	    "{\"meta_info\":{\"input_token_logprobs\":"
 	    "[[null,7,null],[-1.25,8,null]]}}",
 	    1);
@@ -157,15 +157,13 @@ test_merge_json(void **state)
 	free(s);
 	/* Empty decode list: the prefill's alone. */
 	s = merged("{\"meta_info\":{\"input_token_logprobs\":[]}}",
-	    "{\"meta_info\":{\"input_token_logprobs\":[[null,1,null]]}}",
-	    1);
+	    "{\"meta_info\":{\"input_token_logprobs\":[[null,1,null]]}}", 1);
 	assert_string_equal(s,
 	    "{\"meta_info\":{\"input_token_logprobs\":[[null,1,null]]}}");
 	free(s);
 	/* No list on one side: unchanged. */
 	s = merged("{\"meta_info\":{\"id\":1}}",
-	    "{\"meta_info\":{\"input_token_logprobs\":[[null,1,null]]}}",
-	    0);
+	    "{\"meta_info\":{\"input_token_logprobs\":[[null,1,null]]}}", 0);
 	assert_string_equal(s, "{\"meta_info\":{\"id\":1}}");
 	free(s);
 	s = merged("{\"meta_info\":{\"input_token_logprobs\":[[1,2,null]]}}",
@@ -175,7 +173,7 @@ test_merge_json(void **state)
 	free(s);
 	/* Batches element by element; sizes must agree. */
 	s = merged("[{\"meta_info\":{\"input_token_logprobs\":[[1,1,null]]}},"
-		   "{\"meta_info\":{\"input_token_logprobs\":[[2,2,null]]}}]",
+	           "{\"meta_info\":{\"input_token_logprobs\":[[2,2,null]]}}]",
 	    "[{\"meta_info\":{\"input_token_logprobs\":[[3,3,null]]}},"
 	    "{\"meta_info\":{\"input_token_logprobs\":[[4,4,null]]}}]",
 	    1);
@@ -185,8 +183,7 @@ test_merge_json(void **state)
 	    "[[4,4,null],[2,2,null]]}}]");
 	free(s);
 	s = merged("[{\"meta_info\":{\"input_token_logprobs\":[]}}]",
-	    "[{\"meta_info\":{\"input_token_logprobs\":[[1,1,null]]}},{}]",
-	    0);
+	    "[{\"meta_info\":{\"input_token_logprobs\":[[1,1,null]]}},{}]", 0);
 	free(s);
 	s = merged("[{\"meta_info\":{\"input_token_logprobs\":[]}}]",
 	    "{\"meta_info\":{\"input_token_logprobs\":[[1,1,null]]}}", 0);
@@ -230,7 +227,7 @@ test_sse_events(void **state)
 {
 	const char *two = "data: {}\n\ndata: [DONE]\r\n\r\n";
 	const char *ev = "data: {\"text\":\"x\",\"meta_info\":"
-			 "{\"input_token_logprobs\":[[-1,9,null]]}}\n\n";
+	                 "{\"input_token_logprobs\":[[-1,9,null]]}}\n\n";
 	cJSON *p = cJSON_Parse(
 	    "{\"meta_info\":{\"input_token_logprobs\":[[null,8,null]]}}");
 	size_t n = 0;

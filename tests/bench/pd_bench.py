@@ -20,7 +20,8 @@ library only; ports are picked free; every process started is stopped.
 
 usage: /usr/bin/python3 tests/bench/pd_bench.py [--build-dir DIR]
            [--requests N] [--rate R] [--time-scale S] [--out FILE]
-           [--policies P,...] [--log-level debug]
+           [--policies P,...] [--log-level debug] [--dump PREFIX]
+           [--gateway-arg ARG ...]
 """
 import argparse
 import http.client
@@ -141,7 +142,7 @@ def start_workers(procs, build, tmp, tag, scale):
     return prefill, decode
 
 
-def one_request(port, body, out):
+def one_request(port, body, out, sent):
     start = time.monotonic()
     ttft = None
     try:
@@ -151,7 +152,7 @@ def one_request(port, body, out):
         r = c.getresponse()
         if r.status != 200:
             r.read()
-            out.append((None, r.status))
+            out.append((None, r.status, sent))
             return
         while True:
             line = r.readline()
@@ -160,9 +161,9 @@ def one_request(port, body, out):
             if ttft is None and line.startswith(b"data:"):
                 ttft = time.monotonic() - start
         c.close()
-        out.append((ttft, 200))
+        out.append((ttft, 200, sent))
     except OSError as e:
-        out.append((None, str(e)))
+        out.append((None, str(e), sent))
 
 
 def run_target(args, build, tmp, policy, workload):
@@ -179,7 +180,7 @@ def run_target(args, build, tmp, policy, workload):
                 "--pd-disaggregation", "--policy", "round_robin",
                 "--prefill-policy", policy, "--decode-policy", "round_robin",
                 "--load-monitor-interval", "1",
-                "--log-level", args.log_level]
+                "--log-level", args.log_level] + args.gateway_arg
         for p, b in prefill:
             argv += ["--prefill", f"http://127.0.0.1:{p}", str(b)]
         for d in decode:
@@ -198,7 +199,8 @@ def run_target(args, build, tmp, policy, workload):
             body = {"model": "sim-model", "prompt": prompt,
                     "max_tokens": 4, "stream": True}
             t = threading.Thread(target=one_request,
-                                 args=(port, body, results[kind]))
+                                 args=(port, body, results[kind],
+                                       i / args.rate))
             t.start()
             threads.append(t)
         for t in threads:
@@ -227,6 +229,13 @@ def main():
                     help="the gateway's --log-level (debug: the broker "
                     "logs every bucket decision and the ranges)")
     ap.add_argument("--out")
+    ap.add_argument("--dump", metavar="PREFIX",
+                    help="write PREFIX-<policy>.tsv: send time (s), class, "
+                    "status, TTFT (s) per request")
+    ap.add_argument("--gateway-arg", action="append", default=[],
+                    metavar="ARG", help="one more gateway argument "
+                    "(repeat; e.g. --gateway-arg=--balance-rel-threshold "
+                    "--gateway-arg=1.0001)")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     workload = []
@@ -242,10 +251,16 @@ def main():
         log(f"{policy}: {args.requests} requests at {args.rate}/s")
         results, tokens = run_target(args, args.build_dir, tmp, policy,
                                      workload)
-        ok = {k: [t for t, s in v if t is not None]
+        ok = {k: [t for t, s, _ in v if t is not None]
               for k, v in results.items()}
-        errors = sum(1 for v in results.values() for t, s in v
+        errors = sum(1 for v in results.values() for t, s, _ in v
                      if t is None)
+        if args.dump:
+            with open(f"{args.dump}-{policy}.tsv", "w") as f:
+                for kind, v in results.items():
+                    for t, s, sent in v:
+                        f.write(f"{sent:.3f}\t{kind}\t{s}\t"
+                                f"{'' if t is None else f'{t:.4f}'}\n")
         both = ok["short"] + ok["long"]
         rows.append((policy, pct(both, 50), pct(both, 99),
                      pct(ok["short"], 50), pct(ok["short"], 99),

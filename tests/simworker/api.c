@@ -414,7 +414,7 @@ api_input_logprobs(const uint32_t *tok, uint32_t n, uint32_t first)
 		else
 			cJSON_AddItemToArray(e,
 			    cJSON_CreateNumber(
-				-(double)(tok[i] % 997 + 1) / 128.0));
+			        -(double)(tok[i] % 997 + 1) / 128.0));
 		cJSON_AddItemToArray(e, cJSON_CreateNumber((double)tok[i]));
 		cJSON_AddItemToArray(e, cJSON_CreateNull());
 	}
