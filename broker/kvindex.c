@@ -121,6 +121,8 @@ kvindex_content_hash(const uint32_t *tokens, size_t n)
 	uint64_t h;
 	size_t i;
 
+	if (n == 0)
+		return XXH3_64bits_withSeed(NULL, 0, KVINDEX_SEED);
 	/* One-shot: libxxhash 0.8.1's streaming state misbehaves on the
 	 * stack under ASan for 241-256 byte inputs. */
 	if (n > 256 && (le = reallocarray(NULL, n, 4)) == NULL) {
