@@ -125,14 +125,18 @@ class TlsTerminator:
         done = threading.Event()
 
         def swap():
-            self.ctx.load_cert_chain(cert, key)
-            for wr in self.writers:
-                wr.transport.abort()
-            self.writers.clear()
-            done.set()
+            try:
+                self.ctx.load_cert_chain(cert, key)
+                # Aborting a transport runs callbacks that may touch
+                # self.writers: iterate over a copy.
+                for wr in list(self.writers):
+                    wr.transport.abort()
+                self.writers.clear()
+            finally:
+                done.set()
 
         self.loop.call_soon_threadsafe(swap)
-        assert done.wait(5)
+        assert done.wait(5 * util.TIMEOUT_MULT)
 
     def stop(self):
         self.loop.call_soon_threadsafe(self.loop.stop)
