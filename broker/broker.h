@@ -520,14 +520,12 @@ const char *sticky_strip(const char *in, char *out, size_t len);
 const char *sticky_key(struct broker *br, const Smg__RouteRequest *req,
     char *buf, size_t len, const char **source);
 /*
- * Per-key in-flight on a worker (§1.4). sticky_dispatched counts every
- * decision (key NULL when unkeyed), sticky_finished every outcome. An
- * outcome that names its key (Outcome.sticky_key, without leg prefix: the
- * caller adds it) ends that key's request. Until a frontend has sent one
- * such outcome, outcomes are matched to the worker's decisions in
- * dispatch order, which is exact for sequential traffic and keeps totals
- * right otherwise. A count left unchanged for 2 s is clamped to the
- * worker's total in-flight, so lost outcomes cannot pin a key forever.
+ * Per-key in-flight on a worker (§1.4). sticky_dispatched counts a keyed
+ * decision, sticky_finished the outcome naming that key
+ * (Outcome.sticky_key, without leg prefix: the caller adds it); a NULL or
+ * empty key is not counted. A count left unchanged for 2 s is clamped to
+ * the worker's total in-flight, so lost outcomes (a frontend killed
+ * mid-request) cannot pin a key forever.
  */
 void sticky_dispatched(struct broker *br, const char *key, struct worker *w);
 void sticky_finished(struct broker *br, const char *key, struct worker *w);

@@ -123,10 +123,8 @@ route_keyed(struct broker *br, const Smg__RouteRequest *req, struct worker *w)
 	char key[STICKY_KEY_MAX];
 	const char *src;
 
-	if (sticky_key(br, req, key, sizeof(key), &src) == NULL) {
-		sticky_dispatched(br, NULL, w);
+	if (sticky_key(br, req, key, sizeof(key), &src) == NULL)
 		return;
-	}
 	sticky_dispatched(br, key, w);
 	if (br->br_set->bs_policy_flags && br->br_set->bs_routing_key_override)
 		sticky_count_source(br, src);
@@ -219,31 +217,27 @@ void
 route_outcome(struct broker *br, const Smg__Outcome *o)
 {
 	struct worker *w;
+	const char *prefix;
+	char key[STICKY_KEY_MAX];
+	int k;
 
 	if ((w = registry_by_slot(br, o->worker_slot, o->worker_generation)) ==
 	    NULL)
 		return; /* removed or replaced since */
-	breaker_record(br, w,
-	    breaker_classify(o->http_status, o->transport_error));
+	if (!o->no_breaker_sample)
+		breaker_record(br, w,
+		    breaker_classify(o->http_status, o->transport_error));
+	/* Only keyed requests were counted; the key has no leg prefix. */
 	if (o->sticky_key == NULL || o->sticky_key[0] == '\0')
-		sticky_finished(br, NULL, w);
-	else {
-		/* The frontend names the key without the leg prefix. */
-		const char *prefix =
-		    w->wk_type == SMG__WORKER_TYPE__WORKER_TYPE_PREFILL
-		    ? "prefill:"
-		    : w->wk_type == SMG__WORKER_TYPE__WORKER_TYPE_DECODE
-		    ? "decode:"
-		    : w->wk_type == SMG__WORKER_TYPE__WORKER_TYPE_ENCODE
-		    ? "encode:"
-		    : "";
-		char key[STICKY_KEY_MAX];
-		int k =
-		    snprintf(key, sizeof(key), "%s%s", prefix, o->sticky_key);
-
-		if (k > 0 && (size_t)k < sizeof(key))
-			sticky_finished(br, key, w);
-	}
+		return;
+	prefix = w->wk_type == SMG__WORKER_TYPE__WORKER_TYPE_PREFILL
+	    ? "prefill:"
+	    : w->wk_type == SMG__WORKER_TYPE__WORKER_TYPE_DECODE ? "decode:"
+	    : w->wk_type == SMG__WORKER_TYPE__WORKER_TYPE_ENCODE ? "encode:"
+	                                                         : "";
+	k = snprintf(key, sizeof(key), "%s%s", prefix, o->sticky_key);
+	if (k > 0 && (size_t)k < sizeof(key))
+		sticky_finished(br, key, w);
 }
 
 int

@@ -24,7 +24,6 @@
 #define STICKY_RESAVE_MS 60000
 #define STICKY_SCOPE     "sticky"
 #define STICKY_KEY_CAP   128
-#define STICKY_QUEUE     256
 
 struct sticky_ent {
 	char *se_key;
@@ -49,17 +48,8 @@ struct sticky_fl {
 	struct sticky_fl *sf_next;
 };
 
-/* Keys of a worker's dispatches in order (0: unkeyed). */
-struct sticky_queue {
-	uint64_t *sq_q;
-	uint32_t sq_head;
-	uint32_t sq_len;
-};
-
 struct sticky_state {
 	struct sticky_map *ss_map;
-	struct sticky_queue ss_q[SHM_MAX_WORKERS];
-	bool ss_exact; /* outcomes name their keys */
 	struct sticky_fl **ss_fl;
 	size_t ss_nfl; /* buckets, power of two */
 	size_t ss_fl_n;
@@ -70,6 +60,7 @@ struct sticky_state {
 };
 
 static void sticky_map_grow(struct sticky_map *m);
+static uint64_t sticky_hash(const char *key);
 static void sticky_pin_clear(struct sticky_pin *p);
 static struct sticky_fl **sticky_fl_find(struct sticky_state *ss, uint64_t h,
     const struct worker *w);
@@ -77,7 +68,6 @@ static uint32_t sticky_fl_effective(struct broker *br, struct sticky_fl **pp,
     struct worker *w, uint64_t now_ms);
 static void sticky_fl_add(struct broker *br, uint64_t h, struct worker *w,
     int delta);
-static void sticky_queues_free(struct sticky_state *ss);
 static bool sticky_digits(const char *s, size_t n);
 static int sticky_pinned(struct sticky_pin *pin, struct worker *const *c,
     unsigned n);
@@ -456,86 +446,41 @@ sticky_fl_add(struct broker *br, uint64_t h, struct worker *w, int delta)
 	(void)sticky_fl_effective(br, pp, w, now);
 }
 
+static uint64_t
+sticky_hash(const char *key)
+{
+	uint64_t h = XXH3_64bits(key, strlen(key));
+
+	return h == 0 ? 1 : h;
+}
+
 void
 sticky_dispatched(struct broker *br, const char *key, struct worker *w)
 {
-	struct sticky_state *ss = br->br_sticky;
-	struct sticky_queue *q;
-	uint64_t h = 0;
-
-	if (ss == NULL || w->wk_slot >= SHM_MAX_WORKERS)
+	if (br->br_sticky == NULL || w->wk_slot >= SHM_MAX_WORKERS ||
+	    key == NULL || *key == '\0')
 		return;
-	if (key != NULL) {
-		h = XXH3_64bits(key, strlen(key));
-		if (h == 0)
-			h = 1; /* 0 marks an unkeyed dispatch */
-		sticky_fl_add(br, h, w, 1);
-	}
-	if (ss->ss_exact)
-		return;
-	q = &ss->ss_q[w->wk_slot];
-	if (q->sq_q == NULL)
-		q->sq_q = xcalloc(STICKY_QUEUE, sizeof(*q->sq_q));
-	if (q->sq_len == STICKY_QUEUE) {
-		/* Outcomes lost: forget the oldest (the clamp fixes counts). */
-		q->sq_head = (q->sq_head + 1) % STICKY_QUEUE;
-		q->sq_len--;
-	}
-	q->sq_q[(q->sq_head + q->sq_len) % STICKY_QUEUE] = h;
-	q->sq_len++;
+	sticky_fl_add(br, sticky_hash(key), w, 1);
 }
 
 void
 sticky_finished(struct broker *br, const char *key, struct worker *w)
 {
-	struct sticky_state *ss = br->br_sticky;
-	struct sticky_queue *q;
-	uint64_t h;
-
-	if (ss == NULL || w->wk_slot >= SHM_MAX_WORKERS)
+	if (br->br_sticky == NULL || w->wk_slot >= SHM_MAX_WORKERS ||
+	    key == NULL || *key == '\0')
 		return;
-	if (key != NULL && *key != '\0') {
-		if (!ss->ss_exact) {
-			ss->ss_exact = true;
-			sticky_queues_free(ss);
-		}
-		h = XXH3_64bits(key, strlen(key));
-		sticky_fl_add(br, h == 0 ? 1 : h, w, -1);
-		return;
-	}
-	if (ss->ss_exact)
-		return;
-	q = &ss->ss_q[w->wk_slot];
-	if (q->sq_len == 0)
-		return;
-	h = q->sq_q[q->sq_head];
-	q->sq_head = (q->sq_head + 1) % STICKY_QUEUE;
-	q->sq_len--;
-	if (h != 0)
-		sticky_fl_add(br, h, w, -1);
-}
-
-static void
-sticky_queues_free(struct sticky_state *ss)
-{
-	unsigned i;
-
-	for (i = 0; i < SHM_MAX_WORKERS; i++) {
-		free(ss->ss_q[i].sq_q);
-		memset(&ss->ss_q[i], 0, sizeof(ss->ss_q[i]));
-	}
+	sticky_fl_add(br, sticky_hash(key), w, -1);
 }
 
 uint32_t
 sticky_inflight_get(struct broker *br, const char *key, struct worker *w)
 {
 	struct sticky_state *ss = br->br_sticky;
-	uint64_t h = XXH3_64bits(key, strlen(key));
 
 	if (ss == NULL)
 		return 0;
-	return sticky_fl_effective(br, sticky_fl_find(ss, h, w), w,
-	    shm_now_ms());
+	return sticky_fl_effective(br, sticky_fl_find(ss, sticky_hash(key), w),
+	    w, shm_now_ms());
 }
 
 uint32_t
@@ -572,7 +517,6 @@ sticky_forget_worker(struct broker *br, struct worker *w)
 		}
 	}
 	ss->ss_keys_on[w->wk_slot] = 0;
-	ss->ss_q[w->wk_slot].sq_head = ss->ss_q[w->wk_slot].sq_len = 0;
 }
 
 /* ------------------------------------------------------------ selection */
@@ -812,7 +756,6 @@ sticky_free(struct broker *br)
 		}
 	}
 	free(ss->ss_fl);
-	sticky_queues_free(ss);
 	sticky_map_free(ss->ss_map);
 	free(ss);
 	br->br_sticky = NULL;

@@ -298,26 +298,58 @@ test_sticky_overlay(void **state)
 	fx_free(f);
 }
 
+/* Outcome with its key (and optionally no breaker sample). */
 static void
-test_inflight_by_dispatch_order(void **state)
+finish_as(struct fx *f, unsigned i, const char *key, uint32_t status,
+    bool no_sample)
+{
+	Smg__Outcome o = SMG__OUTCOME__INIT;
+
+	o.worker_slot = f->c[i]->wk_slot;
+	o.worker_generation = f->c[i]->wk_generation;
+	o.http_status = status;
+	o.sticky_key = (char *)(key != NULL ? key : "");
+	o.no_breaker_sample = no_sample;
+	route_outcome(f->br, &o);
+}
+
+static void
+test_inflight_exact(void **state)
 {
 	struct fx *f = fx_new("round_robin");
+	int p, q, i;
 
 	(void)state;
+	f->bs.bs_routing_key_override = true;
 	fx_start(f);
-	/* Outcomes without keys end dispatches in order. */
-	sticky_dispatched(f->br, "k", f->c[0]);
-	sticky_dispatched(f->br, NULL, f->c[0]);
-	sticky_dispatched(f->br, "k", f->c[0]);
-	load(f, 0, 3);
-	assert_int_equal(sticky_inflight_get(f->br, "k", f->c[0]), 2);
-	finish(f, 0, NULL);
-	assert_int_equal(sticky_inflight_get(f->br, "k", f->c[0]), 1);
-	finish(f, 0, NULL);
-	assert_int_equal(sticky_inflight_get(f->br, "k", f->c[0]), 1);
-	finish(f, 0, NULL);
-	assert_int_equal(sticky_inflight_get(f->br, "k", f->c[0]), 0);
-	assert_int_equal(sticky_keys_on(f->br, f->c[0]), 0);
+	/* Two keyed and one unkeyed request on the pinned worker. */
+	p = route(f, "conv_t1", NULL, 0);
+	assert_true(p >= 0);
+	assert_int_equal(route(f, NULL, NULL, 0) >= 0, 1);
+	assert_int_equal(route(f, "conv_t2", NULL, 0), p);
+	load(f, (unsigned)p, 3);
+	assert_int_equal(sticky_inflight_get(f->br, "conv", f->c[p]), 2);
+	/* An unkeyed outcome ends nothing of the key. */
+	finish_as(f, (unsigned)p, NULL, 200, false);
+	assert_int_equal(sticky_inflight_get(f->br, "conv", f->c[p]), 2);
+	/* The cap: the third goes elsewhere. */
+	q = route(f, "conv", NULL, 0);
+	assert_true(q >= 0 && q != p);
+	assert_int_equal(branch(f, MANUAL, "cap_respill"), 1);
+	/* The client of one went away: no breaker sample, key ends. */
+	for (i = 0; i < 6; i++)
+		finish_as(f, (unsigned)q, "conv", 500, true);
+	assert_int_equal(f->c[q]->wk_cb.cb_state, SHM_BREAKER_CLOSED);
+	assert_int_equal(sticky_inflight_get(f->br, "conv", f->c[q]), 0);
+	finish_as(f, (unsigned)p, "conv", 0, true);
+	assert_int_equal(sticky_inflight_get(f->br, "conv", f->c[p]), 1);
+	finish_as(f, (unsigned)p, "conv", 200, false);
+	assert_int_equal(sticky_inflight_get(f->br, "conv", f->c[p]), 0);
+	assert_int_equal(sticky_keys_on(f->br, f->c[p]), 0);
+	/* Outcomes with samples still feed the breaker. */
+	for (i = 0; i < 5; i++)
+		finish_as(f, (unsigned)p, "", 500, false);
+	assert_int_equal(f->c[p]->wk_cb.cb_state, SHM_BREAKER_OPEN);
 	fx_free(f);
 }
 
@@ -518,7 +550,7 @@ main(void)
 		cmocka_unit_test(test_manual_branches),
 		cmocka_unit_test(test_manual_min_group_and_eviction),
 		cmocka_unit_test(test_sticky_overlay),
-		cmocka_unit_test(test_inflight_by_dispatch_order),
+		cmocka_unit_test(test_inflight_exact),
 		cmocka_unit_test(test_consistent_hashing),
 		cmocka_unit_test(test_prefix_hash),
 		cmocka_unit_test(test_persist_across_restart),

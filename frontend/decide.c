@@ -26,6 +26,8 @@
 struct decide_batch {
 	size_t db_n;
 	ev_tstamp db_sent;
+	/* keys of items cancelled after the send, or NULL */
+	char (*db_keys)[DECIDE_KEY_MAX];
 	struct decide_item *db_items[];
 };
 
@@ -36,6 +38,7 @@ static ev_prepare decide_prep;
 static ev_timer decide_outcome_timer;
 static ev_timer decide_ping_timer;
 static Smg__Outcome *decide_outcomes;
+static char (*decide_keys)[DECIDE_KEY_MAX]; /* the outcomes' keys */
 static size_t decide_noutcomes;
 static bool decide_down; /* broker unreachable: decide locally */
 static bool decide_ping_pending;
@@ -55,7 +58,8 @@ void
 decide_init(void)
 {
 	decide_outcomes = calloc(DECIDE_MAX_OUTCOMES, sizeof(Smg__Outcome));
-	if (decide_outcomes == NULL)
+	decide_keys = calloc(DECIDE_MAX_OUTCOMES, sizeof(*decide_keys));
+	if (decide_outcomes == NULL || decide_keys == NULL)
 		fatal("%s: calloc", __func__);
 	ev_prepare_init(&decide_prep, decide_prepare_cb);
 	ev_prepare_start(fe->fe_loop, &decide_prep);
@@ -73,6 +77,8 @@ decide_shutdown(void)
 	ev_timer_stop(fe->fe_loop, &decide_ping_timer);
 	free(decide_outcomes);
 	decide_outcomes = NULL;
+	free(decide_keys);
+	decide_keys = NULL;
 	decide_noutcomes = 0;
 }
 
@@ -98,12 +104,65 @@ decide_cancel(struct decide_item *it)
 	if ((b = it->di_batch) != NULL) {
 		b->db_items[it->di_index] = NULL;
 		it->di_batch = NULL;
+		/* The broker counts the key's in-flight: the reply ends it. */
+		if (b->db_keys == NULL)
+			b->db_keys = calloc(b->db_n, sizeof(*b->db_keys));
+		if (b->db_keys != NULL)
+			decide_key(it->di_in,
+			    fe->fe_cf->cf_routing_key_override,
+			    b->db_keys[it->di_index], sizeof(b->db_keys[0]));
 	}
+}
+
+const char *
+decide_key(const struct extract_inputs *in, bool override, char *buf,
+    size_t len)
+{
+	const char *k = NULL;
+	size_t n;
+
+	if (len == 0)
+		return buf;
+	buf[0] = '\0';
+	if (override && in->ei_rid_key != NULL && in->ei_rid_key[0] != '\0')
+		k = in->ei_rid_key;
+	else if (in->ei_routing_key != NULL && in->ei_routing_key[0] != '\0')
+		k = in->ei_routing_key;
+	if (k == NULL)
+		return buf;
+	n = strlen(k);
+	if (override && k == in->ei_routing_key)
+		n = extract_strip_lineage(k, n);
+	if (n >= len)
+		return buf; /* longer than any key the broker counts */
+	memcpy(buf, k, n);
+	buf[n] = '\0';
+	return buf;
+}
+
+bool
+decide_overloaded(struct shm *shm, unsigned slot, uint32_t generation)
+{
+	struct shm_worker w;
+
+	if (shm_worker_read(shm, slot, &w) == -1 ||
+	    w.sw_generation != generation)
+		return false;
+	return w.sw_overloaded != 0;
+}
+
+bool
+decide_dispatch_shed(const struct decision *d)
+{
+	if (!decide_overloaded(fe->fe_shm, d->dc_slot, d->dc_generation))
+		return false;
+	stats_add("smg_worker_overload_shed_total", "stage=\"dispatch\"", 1);
+	return true;
 }
 
 void
 decide_outcome(unsigned slot, uint32_t generation, int http_status,
-    bool transport_error)
+    bool transport_error, const char *key, bool no_breaker_sample)
 {
 	Smg__Outcome *o;
 
@@ -113,14 +172,19 @@ decide_outcome(unsigned slot, uint32_t generation, int http_status,
 		/* The broker has been away long: keep the newest. */
 		memmove(decide_outcomes, decide_outcomes + 1,
 		    (DECIDE_MAX_OUTCOMES - 1) * sizeof(*o));
+		memmove(decide_keys, decide_keys + 1,
+		    (DECIDE_MAX_OUTCOMES - 1) * sizeof(*decide_keys));
 		decide_noutcomes--;
 	}
+	snprintf(decide_keys[decide_noutcomes], sizeof(decide_keys[0]), "%s",
+	    key != NULL ? key : "");
 	o = &decide_outcomes[decide_noutcomes++];
 	smg__outcome__init(o);
 	o->worker_slot = slot;
 	o->worker_generation = generation;
 	o->http_status = (uint32_t)http_status;
 	o->transport_error = transport_error;
+	o->no_breaker_sample = no_breaker_sample;
 	if (!decide_down && !ev_is_active(&decide_outcome_timer))
 		ev_timer_start(fe->fe_loop, &decide_outcome_timer);
 }
@@ -241,8 +305,10 @@ decide_send(struct decide_batch *b, struct decide_item **items, size_t n)
 		rr[i].size = in->ei_size;
 		rrp[i] = &rr[i];
 	}
-	for (i = 0; i < decide_noutcomes; i++)
+	for (i = 0; i < decide_noutcomes; i++) {
+		decide_outcomes[i].sticky_key = decide_keys[i];
 		op[i] = &decide_outcomes[i];
+	}
 	rb.n_requests = n;
 	rb.requests = rrp;
 	rb.n_outcomes = decide_noutcomes;
@@ -387,8 +453,18 @@ decide_reply_cb(void *arg, int status, const uint8_t *reply, size_t len)
 			decide_set_down(true);
 	}
 	for (i = 0; i < b->db_n; i++) {
-		if ((it = b->db_items[i]) == NULL)
+		if ((it = b->db_items[i]) == NULL) {
+			/* Cancelled: a keyed decision still ends its key. */
+			if (db != NULL && b->db_keys != NULL &&
+			    b->db_keys[i][0] != '\0' &&
+			    db->decisions[i] != NULL &&
+			    db->decisions[i]->status ==
+			        SMG__DECISION_STATUS__DECISION_OK)
+				decide_outcome(db->decisions[i]->worker_slot,
+				    db->decisions[i]->worker_generation, 0,
+				    false, b->db_keys[i], true);
 			continue;
+		}
 		it->di_batch = NULL;
 		b->db_items[i] = NULL;
 		if (status == NNG_ECLOSED)
@@ -402,6 +478,7 @@ decide_reply_cb(void *arg, int status, const uint8_t *reply, size_t len)
 	}
 	if (r != NULL)
 		smg__broker_reply__free_unpacked(r, NULL);
+	free(b->db_keys);
 	free(b);
 }
 

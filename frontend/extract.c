@@ -3,13 +3,19 @@
  * routing text or token ids (policies.md §1.6), keys and hints (§1.3, §5.1,
  * §8.2), PD batch size, and the x-request-id.
  */
+#include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
+#include "shared/log.h"
 #include "frontend/extract.h"
 
 /* Routing text under construction. */
@@ -39,6 +45,10 @@ static const char *header_value(const struct http_request *, const char *,
 static bool visible_ascii(const char *, size_t);
 static char *dup_n(const char *, size_t);
 static bool has_suffix(const char *, const char *);
+static uint64_t splitmix64(uint64_t *);
+static void rid_forget(void);
+static void rid_seed(void);
+static uint64_t rid_next(void);
 static int fail(int *, const char **, char *, size_t, int, const char *,
     const char *);
 
@@ -392,6 +402,7 @@ extract_request_id(const struct http_request *req,
 	unsigned char rnd[24];
 	const char *v, *prefix;
 	size_t i, vlen, plen;
+	uint64_t r;
 
 	if (outlen == 0)
 		return;
@@ -422,10 +433,80 @@ extract_request_id(const struct http_request *req,
 	if (plen >= outlen)
 		plen = outlen - 1;
 	memcpy(out, prefix, plen);
-	arc4random_buf(rnd, sizeof(rnd));
+	for (i = 0; i < sizeof(rnd); i += sizeof(r)) {
+		r = rid_next();
+		memcpy(rnd + i, &r, sizeof(r));
+	}
 	for (i = 0; i < sizeof(rnd) && plen + i + 1 < outlen; i++)
 		out[plen + i] = alnum[rnd[i] % (sizeof(alnum) - 1)];
 	out[plen + i] = '\0';
+}
+
+/*
+ * Generated request ids need to be unique, not secret: a xoshiro256**
+ * generator, seeded from getrandom once per process (again in a forked
+ * child), costs no syscall per request.
+ */
+static uint64_t rid_state[4];
+static bool rid_seeded;
+static bool rid_atfork;
+
+static uint64_t
+splitmix64(uint64_t *x)
+{
+	uint64_t z;
+
+	z = (*x += 0x9e3779b97f4a7c15ull);
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+/* A forked child must not repeat its parent's ids. */
+static void
+rid_forget(void)
+{
+	rid_seeded = false;
+}
+
+static void
+rid_seed(void)
+{
+	struct timespec ts;
+	uint64_t x;
+	size_t i;
+
+	if (getrandom(&x, sizeof(x), 0) != (ssize_t)sizeof(x)) {
+		log_warn("%s: getrandom; seeding from the clock", __func__);
+		clock_gettime(CLOCK_REALTIME, &ts);
+		x = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+		x ^= (uint64_t)getpid() << 32;
+	}
+	/* splitmix64 never yields an all-zero xoshiro state. */
+	for (i = 0; i < 4; i++)
+		rid_state[i] = splitmix64(&x);
+	if (!rid_atfork && pthread_atfork(NULL, NULL, rid_forget) == 0)
+		rid_atfork = true;
+	rid_seeded = true;
+}
+
+static uint64_t
+rid_next(void)
+{
+	uint64_t *s = rid_state, r, t;
+
+	if (!rid_seeded)
+		rid_seed();
+	r = s[1] * 5;
+	r = ((r << 7) | (r >> 57)) * 9;
+	t = s[1] << 17;
+	s[2] ^= s[0];
+	s[3] ^= s[1];
+	s[1] ^= s[2];
+	s[0] ^= s[3];
+	s[2] ^= t;
+	s[3] = (s[3] << 45) | (s[3] >> 19);
+	return r;
 }
 
 /* ---------------------------------------------------------- routing text */

@@ -284,9 +284,34 @@ void decide_shutdown(void);
 void decide_submit(struct decide_item *it);
 /* Withdraws a question whose answer is no longer wanted; no callback. */
 void decide_cancel(struct decide_item *it);
-/* Queues an attempt's outcome for the broker's circuit breaker. */
+/* An effective routing key: at most 128 bytes and the NUL. */
+#define DECIDE_KEY_MAX 129
+/*
+ * Queues an attempt's outcome for the broker: the circuit breaker's
+ * sample (none when no_breaker_sample: the client went away) and the end
+ * of the key's in-flight (key from decide_key, "" or NULL when none).
+ * Every successful broker decision gets exactly one outcome.
+ */
 void decide_outcome(unsigned slot, uint32_t generation, int http_status,
-    bool transport_error);
+    bool transport_error, const char *key, bool no_breaker_sample);
+/*
+ * The request's effective routing key as the broker counts it (policies.md
+ * §1.4), without leg prefix: with override the rid key if any, else the
+ * lineage-stripped routing-key header; without it the raw header; ""
+ * when none. Returns buf.
+ */
+const char *decide_key(const struct extract_inputs *in, bool override,
+    char *buf, size_t len);
+/*
+ * The dispatch-time overload re-check (gateway.md §8): whether the
+ * worker of (slot, generation) has its overload flag set in shm now.
+ */
+bool decide_overloaded(struct shm *shm, unsigned slot, uint32_t generation);
+/*
+ * decide_overloaded on d's worker, counting
+ * smg_worker_overload_shed_total{stage="dispatch"} when it is.
+ */
+bool decide_dispatch_shed(const struct decision *d);
 /* Sends an admin request; cb gets the packed BrokerReply or an error. */
 int decide_admin(Smg__AdminRequest *ar,
     void (*cb)(void *arg, int status, const uint8_t *reply, size_t len),

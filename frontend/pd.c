@@ -58,6 +58,7 @@ struct pd_leg {
 	struct decide_item lg_di;
 	struct decision lg_d;
 	bool lg_decided;
+	bool lg_outcome_due; /* lg_d still owes the broker its outcome */
 	struct upstream_req *lg_up;
 	bool lg_dispatched; /* sent in this attempt */
 	bool lg_inflight;
@@ -156,6 +157,8 @@ static void pd_attempt_failed(struct pd_req *, struct pd_leg *, int,
     const char *, const char *, bool);
 static void pd_stop_legs(struct pd_req *, int);
 static void pd_outcomes(struct pd_req *, int, const struct pd_leg *);
+static void pd_leg_outcome(struct pd_req *, struct pd_leg *, int, bool, bool);
+static void pd_undispatched(struct pd_req *);
 static bool pd_can_retry(struct pd_req *);
 static void pd_retry(struct pd_req *, const struct pd_leg *);
 static void pd_backoff_cb(struct ev_loop *, ev_timer *, int);
@@ -754,6 +757,7 @@ pd_select(struct pd_req *rq)
 	struct pd_leg *lg;
 	unsigned i;
 
+	pd_undispatched(rq);
 	rq->pr_pending = rq->pr_nlegs;
 	for (i = 0; i < rq->pr_nlegs; i++) {
 		lg = &rq->pr_legs[i];
@@ -779,6 +783,7 @@ pd_decided(void *arg, const struct decision *d)
 
 	lg->lg_d = *d;
 	lg->lg_decided = true;
+	lg->lg_outcome_due = d->dc_ok;
 	if (--rq->pr_pending > 0)
 		return;
 	for (i = 0; i < rq->pr_nlegs && bad == NULL; i++)
@@ -809,6 +814,15 @@ pd_decided(void *arg, const struct decision *d)
 		    pd_leg_names[i], rq->pr_model,
 		    d->dc_policy[0] != '\0' ? d->dc_policy : "unknown");
 		stats_add("smg_worker_selection_total", labels, 1);
+	}
+	/* A leg overloaded since the decision (gateway.md §8): shed. */
+	for (i = 0; i < rq->pr_nlegs; i++) {
+		if (decide_dispatch_shed(&rq->pr_legs[i].lg_d)) {
+			pd_fail(rq, 503, "no_available_workers",
+			    "All workers are overloaded",
+			    (int)fe->fe_cf->cf_load_monitor_interval);
+			return;
+		}
 	}
 	pd_dispatch(rq);
 }
@@ -1449,8 +1463,43 @@ pd_outcomes(struct pd_req *rq, int status, const struct pd_leg *transport)
 		if (!lg->lg_dispatched)
 			continue;
 		lg->lg_dispatched = false;
-		decide_outcome(lg->lg_d.dc_slot, lg->lg_d.dc_generation,
-		    status != 0 ? status : 502, lg == transport);
+		pd_leg_outcome(rq, lg, status != 0 ? status : 502,
+		    lg == transport, false);
+	}
+}
+
+/* The one outcome of a leg's decision (decide_outcome). */
+static void
+pd_leg_outcome(struct pd_req *rq, struct pd_leg *lg, int status, bool transport,
+    bool no_sample)
+{
+	char key[DECIDE_KEY_MAX];
+
+	if (!lg->lg_outcome_due)
+		return;
+	lg->lg_outcome_due = false;
+	/* A local decision was not counted by the broker: no key. */
+	if (lg->lg_d.dc_fallback)
+		key[0] = '\0';
+	else
+		decide_key(&rq->pr_in, fe->fe_cf->cf_routing_key_override, key,
+		    sizeof(key));
+	decide_outcome(lg->lg_d.dc_slot, lg->lg_d.dc_generation, status,
+	    transport, key, no_sample);
+}
+
+/*
+ * Legs whose decision brought no result (never sent, or the client went
+ * away mid-request): their keys' in-flight ends, the breaker is not fed.
+ */
+static void
+pd_undispatched(struct pd_req *rq)
+{
+	unsigned i;
+
+	for (i = 0; i < PD_NLEGS; i++) {
+		rq->pr_legs[i].lg_dispatched = false;
+		pd_leg_outcome(rq, &rq->pr_legs[i], 0, false, true);
 	}
 }
 
@@ -1574,6 +1623,7 @@ pd_free(struct pd_req *rq)
 	for (i = 0; i < PD_NLEGS; i++)
 		decide_cancel(&rq->pr_legs[i].lg_di);
 	pd_stop_legs(rq, -1);
+	pd_undispatched(rq);
 	for (i = 0; i < PD_NLEGS; i++) {
 		free(rq->pr_legs[i].lg_buf);
 		free(rq->pr_legs[i].lg_body);

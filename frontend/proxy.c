@@ -43,6 +43,7 @@ struct req {
 	bool rq_paused;
 	bool rq_resent;
 	bool rq_routed; /* some decision succeeded */
+	bool rq_outcome_due; /* rq_d still owes the broker its outcome */
 	int rq_status; /* worker status of this attempt */
 	bool rq_stream_body; /* body streamed unparsed (gateway.md §6.4) */
 	bool rq_client_paused; /* reading the streamed body is paused */
@@ -66,6 +67,7 @@ static void proxy_attempt_failed(struct req *, int, const char *, const char *,
     bool);
 static void proxy_backoff_cb(struct ev_loop *, ev_timer *, int);
 static void proxy_end_inflight(struct req *);
+static void proxy_outcome(struct req *, int, bool, bool);
 static void proxy_free(struct req *);
 static void proxy_fail(struct req *, int, const char *, const char *, int);
 static void proxy_count(struct req *, int, bool);
@@ -194,6 +196,8 @@ proxy_free(struct req *rq)
 		rq->rq_up = NULL;
 	}
 	proxy_end_inflight(rq);
+	/* Ended without a result (client gone, shed): only the key's end. */
+	proxy_outcome(rq, 0, false, true);
 	extract_inputs_free(&rq->rq_in);
 	free(rq->rq_body_alloc);
 	free(rq->rq_early);
@@ -207,6 +211,25 @@ proxy_end_inflight(struct req *rq)
 		return;
 	rq->rq_inflight = false;
 	shm_inflight_dec(fe->fe_shm, fe->fe_row, rq->rq_d.dc_slot);
+}
+
+/* The one outcome of the current decision (decide_outcome). */
+static void
+proxy_outcome(struct req *rq, int status, bool transport, bool no_sample)
+{
+	char key[DECIDE_KEY_MAX];
+
+	if (!rq->rq_outcome_due)
+		return;
+	rq->rq_outcome_due = false;
+	/* A local decision was not counted by the broker: no key. */
+	if (rq->rq_d.dc_fallback)
+		key[0] = '\0';
+	else
+		decide_key(&rq->rq_in, fe->fe_cf->cf_routing_key_override, key,
+		    sizeof(key));
+	decide_outcome(rq->rq_d.dc_slot, rq->rq_d.dc_generation, status,
+	    transport, key, no_sample);
 }
 
 /* Request-level metrics once the response is decided. */
@@ -348,6 +371,7 @@ proxy_decided(void *arg, const struct decision *d)
 	}
 	rq->rq_d = *d;
 	rq->rq_routed = true;
+	rq->rq_outcome_due = true;
 	snprintf(rq->rq_model, sizeof(rq->rq_model), "%s",
 	    d->dc_model[0] != '\0' ? d->dc_model : "unknown");
 	snprintf(labels, sizeof(labels),
@@ -357,6 +381,13 @@ proxy_decided(void *arg, const struct decision *d)
 	/* The broker counts its own selections; count only local ones. */
 	if (d->dc_fallback)
 		stats_add("smg_worker_selection_total", labels, 1);
+	/* Overloaded since the decision (gateway.md §8): shed, terminal. */
+	if (decide_dispatch_shed(d)) {
+		proxy_fail(rq, 503, "no_available_workers",
+		    "All workers are overloaded",
+		    (int)fe->fe_cf->cf_load_monitor_interval);
+		return;
+	}
 	proxy_attempt(rq);
 }
 
@@ -458,9 +489,7 @@ proxy_attempt_failed(struct req *rq, int status, const char *code,
 	char labels[192];
 
 	proxy_end_inflight(rq);
-	if (!rq->rq_fixed)
-		decide_outcome(rq->rq_d.dc_slot, rq->rq_d.dc_generation, status,
-		    transport);
+	proxy_outcome(rq, status, transport, false);
 	snprintf(labels, sizeof(labels),
 	    "router_type=\"http\",status_code=\"%d\",error_code=\"%s\"", status,
 	    code);
@@ -492,8 +521,7 @@ proxy_on_head(void *arg, int status, const struct upstream_header *h, size_t n)
 		upstream_cancel(rq->rq_up);
 		rq->rq_up = NULL;
 		proxy_end_inflight(rq);
-		decide_outcome(rq->rq_d.dc_slot, rq->rq_d.dc_generation, status,
-		    false);
+		proxy_outcome(rq, status, false, false);
 		snprintf(labels, sizeof(labels),
 		    "router_type=\"http\",status_code=\"%d\",error_code=\"\"",
 		    status);
@@ -562,9 +590,7 @@ proxy_on_done(void *arg, enum upstream_error err)
 	rq->rq_up = NULL;
 	if (err == UPSTREAM_OK || rq->rq_head_sent) {
 		proxy_end_inflight(rq);
-		if (!rq->rq_fixed)
-			decide_outcome(rq->rq_d.dc_slot, rq->rq_d.dc_generation,
-			    rq->rq_status, false);
+		proxy_outcome(rq, rq->rq_status, false, false);
 		snprintf(labels, sizeof(labels),
 		    "router_type=\"http\",status_code=\"%d\",error_code=\"\"",
 		    rq->rq_status);

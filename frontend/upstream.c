@@ -96,6 +96,7 @@ struct up_conn {
 	enum up_conn_state cn_state;
 	int cn_want; /* EV_READ/EV_WRITE the current step waits for */
 	int cn_io_events; /* what cn_io is started with, 0 = stopped */
+	bool cn_io_fdset; /* cn_io already refers to cn_fd */
 	unsigned cn_tried; /* addresses tried by this connect */
 	unsigned cn_addr;
 	bool cn_reused; /* taken from the idle list */
@@ -190,7 +191,6 @@ static void pool_free(struct up_pool *pl);
 static void pool_evict(struct upstream *up);
 static struct tls_ctx *up_tls_ctx(struct upstream *up);
 static struct up_conn *conn_take_idle(struct up_pool *pl);
-static bool conn_idle_alive(struct up_conn *c);
 static int conn_open(struct up_conn *c);
 static void conn_drop_fd(struct up_conn *c);
 static void conn_close(struct up_conn *c);
@@ -595,36 +595,27 @@ pool_evict(struct upstream *up)
 	}
 }
 
-/* An idle connection the peer closed (EOF) or wrote to is unusable. */
-static bool
-conn_idle_alive(struct up_conn *c)
-{
-	char b;
-	ssize_t n;
-
-	n = recv(c->cn_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-	return n == -1 && (errno == EAGAIN || errno == EWOULDBLOCK);
-}
-
+/*
+ * The most recently used idle connection. One the worker closed while it
+ * sat in the pool was already dropped by its read watcher (conn_io_cb);
+ * one closed since the loop last polled is not probed here (that would
+ * cost a syscall per request): the request then fails before any response
+ * byte and goes out once more on a new connection.
+ */
 static struct up_conn *
 conn_take_idle(struct up_pool *pl)
 {
 	struct up_conn *c;
 
-	while ((c = TAILQ_FIRST(&pl->pl_idle)) != NULL) {
-		TAILQ_REMOVE(&pl->pl_idle, c, cn_idle_link);
-		pl->pl_nidle--;
-		pl->pl_up->up_nidle--;
-		ev_timer_stop(pl->pl_up->up_loop, &c->cn_timer);
-		c->cn_state = UPC_SENDING;
-		c->cn_reused = true;
-		if (conn_idle_alive(c))
-			return c;
-		log_debug("%s: %s: idle connection closed by peer", __func__,
-		    pl->pl_key);
-		conn_close(c);
-	}
-	return NULL;
+	if ((c = TAILQ_FIRST(&pl->pl_idle)) == NULL)
+		return NULL;
+	TAILQ_REMOVE(&pl->pl_idle, c, cn_idle_link);
+	pl->pl_nidle--;
+	pl->pl_up->up_nidle--;
+	ev_timer_stop(pl->pl_up->up_loop, &c->cn_timer);
+	c->cn_state = UPC_SENDING;
+	c->cn_reused = true;
+	return c;
 }
 
 /* Starts a non-blocking connect to the next untried address. */
@@ -672,6 +663,7 @@ conn_drop_fd(struct up_conn *c)
 
 	ev_io_stop(loop, &c->cn_io);
 	c->cn_io_events = 0;
+	c->cn_io_fdset = false;
 	tls_conn_free(c->cn_tls);
 	c->cn_tls = NULL;
 	if (c->cn_fd != -1)
@@ -723,6 +715,11 @@ conn_release(struct up_conn *c, bool keep)
 	conn_set_io(c);
 }
 
+/*
+ * Watches what the current step waits for. The fd is set once per socket;
+ * later changes only swap the events (ev_io_modify), so libev issues one
+ * EPOLL_CTL_MOD when the mask really changes and nothing otherwise.
+ */
 static void
 conn_set_io(struct up_conn *c)
 {
@@ -736,10 +733,15 @@ conn_set_io(struct up_conn *c)
 		return;
 	ev_io_stop(loop, &c->cn_io);
 	c->cn_io_events = events;
-	if (events != 0) {
+	if (events == 0)
+		return;
+	if (c->cn_io_fdset) {
+		ev_io_modify(&c->cn_io, events);
+	} else {
 		ev_io_set(&c->cn_io, c->cn_fd, events);
-		ev_io_start(loop, &c->cn_io);
+		c->cn_io_fdset = true;
 	}
+	ev_io_start(loop, &c->cn_io);
 }
 
 static void

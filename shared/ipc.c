@@ -2,7 +2,6 @@
 #include "shared/ipc.h"
 
 #include <errno.h>
-#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -104,17 +103,6 @@ struct ipc_client {
 	_Atomic int cl_stopping; /* read by nng threads */
 	nng_dialer cl_dialer;
 	int cl_dialed;
-	/* IPC_CLIENT_REQ_ONE: the socket's poll fds, watched by the loop */
-	ev_io cl_sendio;
-	ev_io cl_recvio;
-	ev_timer cl_timer;
-	int cl_one_started;
-	int cl_recvfd;
-	nng_msg *cl_unsent; /* waiting for a pipe to the server */
-	ipc_reply_cb cl_one_cb;
-	void *cl_one_arg;
-	int cl_one_busy;
-	int cl_one_abandoned; /* a reply may come for a timed-out request */
 };
 
 static int ipc_remove_stale(const char *);
@@ -130,15 +118,6 @@ static void ipc_client_async_cb(struct ev_loop *, ev_async *, int);
 static void ipc_client_complete(struct ipc_client *, struct ipc_req *, int);
 static void ipc_client_destroy(struct ipc_client *);
 static struct ipc_req *ipc_client_take_done(struct ipc_client *);
-static int ipc_one_open(struct ipc_client *);
-static int ipc_one_send(struct ipc_client *, nng_msg *, unsigned, ipc_reply_cb,
-    void *);
-static void ipc_one_drain(struct ipc_client *);
-static void ipc_one_send_cb(struct ev_loop *, ev_io *, int);
-static void ipc_one_recv_cb(struct ev_loop *, ev_io *, int);
-static void ipc_one_timer_cb(struct ev_loop *, ev_timer *, int);
-static void ipc_one_complete(struct ipc_client *, int, nng_msg *);
-static void ipc_one_stop(struct ipc_client *);
 static uint8_t *ipc_pack_done(size_t, size_t *);
 static void ipc_reject(const char *, const char *, size_t, const char **);
 
@@ -582,8 +561,6 @@ ipc_client_new(struct ev_loop *loop, const char *url, enum ipc_client_kind kind,
 			cl->cl_idle = rq;
 		}
 	}
-	if (kind == IPC_CLIENT_REQ_ONE && ipc_one_open(cl) == -1)
-		goto fail;
 
 	if ((rv = nng_dial(cl->cl_sock, url, &cl->cl_dialer,
 	         NNG_FLAG_NONBLOCK)) != 0) {
@@ -618,8 +595,6 @@ ipc_client_destroy(struct ipc_client *cl)
 
 	cl->cl_closing = 1;
 	atomic_store(&cl->cl_stopping, 1);
-	if (cl->cl_kind == IPC_CLIENT_REQ_ONE)
-		ipc_one_stop(cl);
 	/*
 	 * Callbacks see cl_stopping and queue instead of submitting the
 	 * receive; after this no nng thread touches the client.
@@ -670,17 +645,12 @@ ipc_client_send(struct ipc_client *cl, const uint8_t *msg, size_t len,
 		return -1;
 	if (cl->cl_kind == IPC_CLIENT_REQ && cl->cl_idle == NULL)
 		return -1;
-	if (cl->cl_kind == IPC_CLIENT_REQ_ONE && cl->cl_one_busy)
-		return -1;
 	if ((rv = nng_msg_alloc(&m, len)) != 0) {
 		log_warnx("%s: %s", __func__, nng_strerror(rv));
 		return -1;
 	}
 	if (len > 0)
 		memcpy(nng_msg_body(m), msg, len);
-
-	if (cl->cl_kind == IPC_CLIENT_REQ_ONE)
-		return ipc_one_send(cl, m, timeout_ms, cb, arg);
 
 	if (cl->cl_kind == IPC_CLIENT_PUSH) {
 		if ((rv = nng_sendmsg(cl->cl_sock, m, NNG_FLAG_NONBLOCK)) !=
@@ -818,204 +788,6 @@ ipc_client_complete(struct ipc_client *cl, struct ipc_req *rq, int status)
 			cb(arg, status == 0 ? NNG_EINTERNAL : status, NULL, 0);
 	}
 	nng_msg_free(reply);
-}
-
-/* ------------------------------------------- client, one request at a time */
-
-/*
- * The socket's own REQ state machine (no context, no aio of ours): the
- * send poll fd says a pipe can take a request, the receive poll fd says a
- * reply is held. Both are watched by the loop, so no nng thread and no
- * ev_async stands between the reply and its callback.
- */
-static int
-ipc_one_open(struct ipc_client *cl)
-{
-	int rv, sfd;
-
-	if ((rv = nng_socket_get_int(cl->cl_sock, NNG_OPT_SENDFD, &sfd)) != 0 ||
-	    (rv = nng_socket_get_int(cl->cl_sock, NNG_OPT_RECVFD,
-	         &cl->cl_recvfd)) != 0) {
-		log_warnx("%s: poll fds: %s", __func__, nng_strerror(rv));
-		return -1;
-	}
-	ev_io_init(&cl->cl_sendio, ipc_one_send_cb, sfd, EV_READ);
-	ev_io_init(&cl->cl_recvio, ipc_one_recv_cb, cl->cl_recvfd, EV_READ);
-	ev_init(&cl->cl_timer, ipc_one_timer_cb);
-	/* Always watched: a late reply to an abandoned request is dropped. */
-	ev_io_start(cl->cl_loop, &cl->cl_recvio);
-	cl->cl_one_started = 1;
-	return 0;
-}
-
-/* Stops the watchers; a request in flight completes with NNG_ECLOSED. */
-static void
-ipc_one_stop(struct ipc_client *cl)
-{
-	if (!cl->cl_one_started)
-		return;
-	cl->cl_one_started = 0;
-	ev_io_stop(cl->cl_loop, &cl->cl_sendio);
-	ev_io_stop(cl->cl_loop, &cl->cl_recvio);
-	ev_timer_stop(cl->cl_loop, &cl->cl_timer);
-	nng_msg_free(cl->cl_unsent);
-	cl->cl_unsent = NULL;
-	if (cl->cl_one_busy) {
-		cl->cl_dispatching = 1;
-		ipc_one_complete(cl, NNG_ECLOSED, NULL);
-	}
-}
-
-/*
- * A reply nobody waits for (its request timed out) stays held by the
- * socket with the receive fd raised; a new request discards the message
- * but not the raised fd, which would then wake the loop for nothing until
- * the next reply. Take it out first (only after a timeout: otherwise
- * nothing can be held, and the poll would cost a syscall per request).
- */
-static void
-ipc_one_drain(struct ipc_client *cl)
-{
-	struct pollfd pfd;
-	nng_msg *m;
-
-	if (!cl->cl_one_abandoned)
-		return;
-	pfd.fd = cl->cl_recvfd;
-	pfd.events = POLLIN;
-	pfd.revents = 0;
-	if (poll(&pfd, 1, 0) == 1 &&
-	    nng_recvmsg(cl->cl_sock, &m, NNG_FLAG_NONBLOCK) == 0)
-		nng_msg_free(m);
-}
-
-/* Takes m. A request without a pipe yet waits for one until its deadline. */
-static int
-ipc_one_send(struct ipc_client *cl, nng_msg *m, unsigned timeout_ms,
-    ipc_reply_cb cb, void *arg)
-{
-	int rv;
-
-	ipc_one_drain(cl);
-	rv = nng_sendmsg(cl->cl_sock, m, NNG_FLAG_NONBLOCK);
-	if (rv == NNG_EAGAIN) {
-		cl->cl_unsent = m;
-		ev_io_start(cl->cl_loop, &cl->cl_sendio);
-	} else if (rv != 0) {
-		log_warnx("%s: %s", __func__, nng_strerror(rv));
-		nng_msg_free(m);
-		return -1;
-	}
-	if (timeout_ms == 0)
-		timeout_ms = 1;
-	cl->cl_one_busy = 1;
-	cl->cl_one_cb = cb;
-	cl->cl_one_arg = arg;
-	cl->cl_inflight = 1;
-	ev_timer_set(&cl->cl_timer, (double)timeout_ms / 1000.0, 0.);
-	ev_timer_start(cl->cl_loop, &cl->cl_timer);
-	return 0;
-}
-
-static void
-ipc_one_send_cb(struct ev_loop *loop, ev_io *w, int revents)
-{
-	struct ipc_client *cl;
-	int rv;
-
-	(void)revents;
-	cl = IPC_CONTAINER_OF(w, struct ipc_client, cl_sendio);
-	if (cl->cl_unsent == NULL) {
-		ev_io_stop(loop, w);
-		return;
-	}
-	rv = nng_sendmsg(cl->cl_sock, cl->cl_unsent, NNG_FLAG_NONBLOCK);
-	if (rv == NNG_EAGAIN)
-		return;
-	ev_io_stop(loop, w);
-	if (rv != 0) {
-		nng_msg_free(cl->cl_unsent);
-		cl->cl_unsent = NULL;
-		log_warnx("%s: %s", __func__, nng_strerror(rv));
-		cl->cl_dispatching = 1;
-		ipc_one_complete(cl, rv, NULL);
-		return;
-	}
-	cl->cl_unsent = NULL;
-}
-
-static void
-ipc_one_recv_cb(struct ev_loop *loop, ev_io *w, int revents)
-{
-	struct ipc_client *cl;
-	nng_msg *m;
-	int rv;
-
-	(void)loop;
-	(void)revents;
-	cl = IPC_CONTAINER_OF(w, struct ipc_client, cl_recvio);
-	rv = nng_recvmsg(cl->cl_sock, &m, NNG_FLAG_NONBLOCK);
-	if (rv == NNG_EAGAIN)
-		return;
-	if (rv != 0) {
-		log_warnx("%s: %s", __func__, nng_strerror(rv));
-		return;
-	}
-	if (!cl->cl_one_busy || cl->cl_unsent != NULL) {
-		/* The reply to a request already given up. */
-		nng_msg_free(m);
-		return;
-	}
-	cl->cl_one_abandoned = 0;
-	cl->cl_dispatching = 1;
-	ipc_one_complete(cl, 0, m);
-}
-
-static void
-ipc_one_timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
-{
-	struct ipc_client *cl;
-
-	(void)revents;
-	cl = IPC_CONTAINER_OF(w, struct ipc_client, cl_timer);
-	if (!cl->cl_one_busy)
-		return;
-	if (cl->cl_unsent != NULL) {
-		ev_io_stop(loop, &cl->cl_sendio);
-		nng_msg_free(cl->cl_unsent);
-		cl->cl_unsent = NULL;
-	}
-	/* The socket still holds the request; the next send replaces it. */
-	cl->cl_one_abandoned = 1;
-	cl->cl_dispatching = 1;
-	ipc_one_complete(cl, NNG_ETIMEDOUT, NULL);
-}
-
-/*
- * Loop, with cl_dispatching set by the caller: ends the request, calls
- * back, frees the reply, then destroys the client if the callback asked.
- */
-static void
-ipc_one_complete(struct ipc_client *cl, int status, nng_msg *reply)
-{
-	ipc_reply_cb cb = cl->cl_one_cb;
-	void *arg = cl->cl_one_arg;
-
-	cl->cl_one_busy = 0;
-	cl->cl_one_cb = NULL;
-	cl->cl_one_arg = NULL;
-	cl->cl_inflight = 0;
-	ev_timer_stop(cl->cl_loop, &cl->cl_timer);
-	if (cb != NULL) {
-		if (status == 0)
-			cb(arg, 0, nng_msg_body(reply), nng_msg_len(reply));
-		else
-			cb(arg, status, NULL, 0);
-	}
-	nng_msg_free(reply);
-	cl->cl_dispatching = 0;
-	if (cl->cl_free_pending && !cl->cl_closing)
-		ipc_client_destroy(cl);
 }
 
 /* ---------------------------------------------------------------- codec */

@@ -13,9 +13,6 @@
  * completes them on its own threads, whose callbacks only queue the result
  * under a mutex and ev_async_send the loop. The loop then calls the
  * caller's ipc_reply_cb. This file is the only one that touches threads.
- * A frontend's decision batches instead use IPC_CLIENT_REQ_ONE: one request
- * at a time on the socket itself, its send and receive poll fds watched by
- * the loop, so a reply reaches its callback without a thread hop.
  *
  * Codec: ipc_decode_* unpack an envelope, check the version and the size,
  * and return NULL for anything malformed (logged with the peer's name).
@@ -80,7 +77,6 @@ typedef void (
 enum ipc_client_kind {
 	IPC_CLIENT_REQ = 0,
 	IPC_CLIENT_PUSH,
-	IPC_CLIENT_REQ_ONE, /* one request in flight; max_inflight ignored */
 };
 
 /*
@@ -104,9 +100,7 @@ void ipc_client_free(struct ipc_client *cl);
 /*
  * REQ: sends a copy of msg and calls cb once, with the reply or an error,
  * no later than timeout_ms. Returns 0, or -1 when no context is free (cb
- * is then not called). REQ_ONE: the same, -1 while a request is in flight;
- * a reply that comes after its request timed out is dropped. PUSH: sends
- * without waiting; cb may be NULL;
+ * is then not called). PUSH: sends without waiting; cb may be NULL;
  * returns -1 when the message cannot be queued (peer away and queue full);
  * cb is never called for PUSH. A REQ client redials by itself: a request
  * sent while the server is away waits for it until its deadline.

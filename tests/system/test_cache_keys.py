@@ -99,3 +99,49 @@ def test_consistent_hashing_and_prefix_hash(tmp_path):
     finally:
         for w in ws:
             w.stop()
+
+
+def held(g, key, ms):
+    """A raw keyed request the worker holds for ms; returns the socket."""
+    import json
+    import socket
+    body = json.dumps({"model": MODEL, "prompt": "hold", "max_tokens": 2,
+                       "sim_hold_ms": ms}).encode()
+    s = socket.create_connection(("127.0.0.1", g.port), timeout=10)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+              b"Content-Type: application/json\r\nx-smg-routing-key: " +
+              key.encode() + b"\r\nContent-Length: " +
+              str(len(body)).encode() + b"\r\n\r\n" + body)
+    return s
+
+
+def test_sticky_cap_respill_and_exact_inflight(tmp_path):
+    import time
+    ws = [sim.start_simworker(tmp_path, "--time-scale", "0")
+          for _ in range(2)]
+    try:
+        with gw.start_gateway(tmp_path, "--policy", "round_robin",
+                              "--routing-key-override",
+                              "--worker-urls", ws[0].url, ws[1].url) as g:
+            g.wait_ready(2)
+            pin = send(g, key="hk")
+            # Two held on the pin: the third goes elsewhere.
+            socks = [held(g, "hk", 1500) for _ in range(2)]
+            time.sleep(0.5)
+            other = send(g, key="hk")
+            assert other != pin
+            assert metric(g, "smg_manual_policy_branch_total",
+                          'branch="cap_respill"') == 1
+            for s in socks:
+                assert b" 200 " in s.recv(4096).split(b"\r\n")[0] + b" "
+                s.close()
+            # Both ended: the key stays on its pin, no respill.
+            cur = send(g, key="hk")
+            for _ in range(3):
+                assert send(g, key="hk") == cur
+            assert metric(g, "smg_manual_policy_branch_total",
+                          'branch="cap_respill"') == 1
+            g.stop()
+    finally:
+        for w in ws:
+            w.stop()
