@@ -5,6 +5,8 @@
  * timeouts (head, body stall, keep-alive idle) and TLS when configured.
  * A body that the proxy streams unparsed (gateway.md §6.4) is handed to
  * the request's handler piece by piece while the request is in progress.
+ * The client fd is watched while a request is in progress, so a client
+ * that closes or resets its connection cancels the request at once.
  * A connection is freed only from the loop (a zero timer), never inside a
  * call made by its request handler. A connection closed by the gateway
  * lingers: its write side is shut and what the client still sends (the
@@ -449,7 +451,16 @@ conn_read_cb(struct ev_loop *loop, ev_io *w, int revents)
 	if (c->c_dead)
 		return;
 	if (c->c_eof) {
-		/* The client is gone: a request in progress ends now. */
+		/*
+		 * The client is gone: a request in progress ends now (its
+		 * handler's ch_gone cancels the upstream request and ends the
+		 * in-flight count). The read watcher stays on while a request
+		 * is busy for this, pipelined bytes landing in c_in until it is
+		 * full. A half-closed client (shutdown of its write side after
+		 * a complete request) is taken as gone too, like a proxy that
+		 * does not ignore client aborts: waiting would keep a worker
+		 * generating for a peer that most often left.
+		 */
 		conn_kill(c);
 		return;
 	}
