@@ -6,9 +6,9 @@
  * the broker does not answer in time the questions are answered by the
  * local fallback, and until a ping succeeds again every question is.
  * Batches are not held back while another is out: in
- * tests/bench/datapath.py one batch in flight at a time
- * (IPC_CLIENT_REQ_ONE) cost more CPU per request and lower throughput
- * than a batch per loop turn on nng contexts.
+ * tests/bench/datapath.py one batch in flight at a time (on a plain REQ
+ * socket) cost more CPU per request and lower throughput than a batch
+ * per loop turn on nng contexts.
  */
 #include <stdio.h>
 #include <stdlib.h>

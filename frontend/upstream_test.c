@@ -695,7 +695,8 @@ test_idle_closed_by_server(void **state)
 	assert_int_equal(res.tr_body_len, 5);
 	assert_int_equal(srv.ts_accepts, 2);
 
-	/* Closed just before reuse: found at reuse, no resend needed. */
+	/* Closed just before reuse: the request is re-sent once on a new
+	 * connection. */
 	RUN_UNTIL(srv.ts_srv_closed == 2, 2);
 	start(up, "http", "GET", NULL);
 	RUN_UNTIL(res.tr_done, 5);
