@@ -356,7 +356,7 @@ extern const struct policy_ops policy_bucket_ops;
 const char *policy_canonical(const char *name);
 /* Whether this broker implements the policy. */
 bool policy_implemented(const char *canonical);
-/* NULL when unknown or not implemented (logged). */
+/* NULL when the name is unknown (logged). */
 struct policy *policy_new(const char *name, bool builtin_defaults);
 void policy_free(struct policy *p);
 const char *policy_name(const struct policy *p);
@@ -461,7 +461,7 @@ int rings_candidate(void *arg, uint64_t id, const char *url);
 /* Per-key in-flight cap of the sticky overlay (policies.md §8.3). */
 #define STICKY_INFLIGHT_CAP 2
 /* Longest effective key: a leg prefix and 128 bytes. */
-#define STICKY_KEY_MAX	    160
+#define STICKY_KEY_MAX 160
 
 enum sticky_branch {
 	STICKY_NO_HEALTHY_WORKERS = 0,
@@ -503,8 +503,8 @@ typedef void (*sticky_evict_cb)(void *arg, const char *key);
 size_t sticky_map_evict(struct sticky_map *m, uint64_t now_ms,
     uint64_t max_idle_ms, sticky_evict_cb cb, void *arg);
 /* Calls cb for every entry (tests, persistence). */
-typedef void (*sticky_each_cb)(void *arg, const char *key,
-    struct sticky_pin *p);
+typedef void (
+    *sticky_each_cb)(void *arg, const char *key, struct sticky_pin *p);
 void sticky_map_each(struct sticky_map *m, sticky_each_cb cb, void *arg);
 
 /*
@@ -606,11 +606,11 @@ void policy_cache_aware_replay(struct policy *p, const char *model, int kind,
 /* ---------------------------------------------------------- store.c */
 
 /* Write-behind bound of routing state (tree journal, assignments). */
-#define STORE_BEHIND_MS	  50
+#define STORE_BEHIND_MS 50
 /* A queue this large is flushed without waiting for the bound. */
 #define STORE_BATCH_BYTES (8UL * 1024 * 1024)
 /* LMDB's default key size limit. */
-#define STORE_KEY_MAX	  511
+#define STORE_KEY_MAX 511
 
 enum store_db {
 	STORE_DB_WORKERS = 0, /* url -> worker record JSON */
@@ -665,8 +665,8 @@ struct store_reader *store_reader_begin(struct store *st);
 int store_reader_each(struct store_reader *r, enum store_db db,
     store_each_bin_cb cb, void *arg);
 /* 0 and *val set, or -1 when absent. */
-int store_reader_get(struct store_reader *r, enum store_db db,
-    const void *key, size_t klen, const void **val, size_t *vlen);
+int store_reader_get(struct store_reader *r, enum store_db db, const void *key,
+    size_t klen, const void **val, size_t *vlen);
 void store_reader_end(struct store_reader *r);
 /* Write transactions committed so far (tests). */
 uint64_t store_txn_count(const struct store *st);

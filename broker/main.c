@@ -149,9 +149,6 @@ main(int argc, char *argv[])
 	log_setlevel(cf.cf_log_level);
 	signal(SIGPIPE, SIG_IGN);
 	broker_settings_fill(&bs, &cf, &ws);
-	if (!policy_implemented(policy_canonical(bs.bs_policy)))
-		fatalx("policy %s is not implemented by smg-broker yet",
-		    bs.bs_policy);
 	if ((loop = ev_default_loop(EVFLAG_AUTO)) == NULL)
 		fatalx("cannot initialise the event loop");
 	if ((br = server_new(loop, &bs, true)) == NULL)

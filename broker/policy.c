@@ -111,11 +111,10 @@ policy_new(const char *name, bool builtin_defaults)
 		log_warnx("%s: unknown policy '%s'", __func__, name);
 		return NULL;
 	}
-	if ((ops = policy_ops_find(canon)) == NULL) {
-		log_warnx("%s: policy %s is not implemented by this broker",
-		    __func__, canon);
-		return NULL;
-	}
+	/* Every canonical name has an entry: a miss is a broken build. */
+	if ((ops = policy_ops_find(canon)) == NULL)
+		fatalx("%s: policy %s missing from the policy table", __func__,
+		    canon);
 	p = xcalloc(1, sizeof(*p));
 	p->pl_ops = ops;
 	p->pl_builtin = builtin_defaults;
@@ -184,12 +183,6 @@ policy_decide_model(struct broker *br, struct model_entry *me,
 		log_warnx("%s: model %s: unknown policy label '%s', using "
 		          "the default policy",
 		    __func__, me->me_name, lab->valuestring);
-		return;
-	}
-	if (!policy_implemented(canon)) {
-		log_warnx("%s: model %s: policy %s not implemented, using "
-		          "the default policy",
-		    __func__, me->me_name, canon);
 		return;
 	}
 	def = policy_canonical(br->br_set->bs_policy);

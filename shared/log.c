@@ -103,12 +103,12 @@ log_vline(enum log_level level, int errnum, const char *fmt, va_list ap)
 	(void)!write(STDERR_FILENO, line, n);
 }
 
-#define LOG_BODY(level, errnum)                   \
-	do {                                      \
-		va_list ap;                       \
-		va_start(ap, fmt);                \
-		log_vline(level, errnum, fmt, ap); \
-		va_end(ap);                       \
+#define LOG_BODY(level, errnum)                                                \
+	do {                                                                   \
+		va_list ap;                                                    \
+		va_start(ap, fmt);                                             \
+		log_vline(level, errnum, fmt, ap);                             \
+		va_end(ap);                                                    \
 	} while (0)
 
 void
