@@ -326,6 +326,16 @@ int decide_admin(Smg__AdminRequest *ar,
 void stats_init(void);
 void stats_add(const char *family, const char *labels, int64_t delta);
 void stats_observe(const char *family, const char *labels, double seconds);
+/*
+ * The router's request series (gateway.md §13) for one finished request of
+ * backend_type `backend` ("regular", "pd"): smg_router_requests_total, and
+ * the duration histogram when ok. stats_router_error counts a gateway
+ * error in smg_router_request_errors_total.
+ */
+void stats_router_request(const char *backend, const char *model,
+    const char *endpoint, bool streaming, bool ok, double seconds);
+void stats_router_error(const char *backend, const char *model,
+    const char *endpoint, const char *error_type);
 
 /* ---------------------------------------------------------- proxy.c */
 

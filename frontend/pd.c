@@ -1553,24 +1553,10 @@ pd_runtime(void)
 static void
 pd_count(struct pd_req *rq, int status, bool ok)
 {
-	char labels[SHM_SERIES_NAME_MAX];
-	const char *ep = extract_endpoint_name(rq->pr_ep);
-
 	local_count_response(rq->pr_hr, status);
-	snprintf(labels, sizeof(labels),
-	    "router_type=\"http\",backend_type=\"pd\","
-	    "connection_mode=\"http\",model=\"%s\",endpoint=\"%s\","
-	    "streaming=\"%s\"",
-	    rq->pr_model, ep, rq->pr_streaming ? "true" : "false");
-	stats_add("smg_router_requests_total", labels, 1);
-	if (ok) {
-		snprintf(labels, sizeof(labels),
-		    "router_type=\"http\",backend_type=\"pd\","
-		    "connection_mode=\"http\",model=\"%s\",endpoint=\"%s\"",
-		    rq->pr_model, ep);
-		stats_observe("smg_router_request_duration_seconds", labels,
-		    ev_now(fe->fe_loop) - rq->pr_start);
-	}
+	stats_router_request("pd", rq->pr_model,
+	    extract_endpoint_name(rq->pr_ep), rq->pr_streaming, ok,
+	    ev_now(fe->fe_loop) - rq->pr_start);
 }
 
 /* Answers with a gateway error and ends the request. */
@@ -1578,16 +1564,11 @@ static void
 pd_fail(struct pd_req *rq, int status, const char *code, const char *msg,
     int retry_after)
 {
-	char labels[SHM_SERIES_NAME_MAX];
 	struct conn *c = rq->pr_conn;
 
 	pd_count(rq, status, false);
-	snprintf(labels, sizeof(labels),
-	    "router_type=\"http\",backend_type=\"pd\","
-	    "connection_mode=\"http\",model=\"%s\",endpoint=\"%s\","
-	    "error_type=\"%s\"",
-	    rq->pr_model, extract_endpoint_name(rq->pr_ep), code);
-	stats_add("smg_router_request_errors_total", labels, 1);
+	stats_router_error("pd", rq->pr_model, extract_endpoint_name(rq->pr_ep),
+	    code);
 	rq->pr_conn = NULL;
 	conn_error(c, status, code, msg, rq->pr_id, retry_after);
 	pd_free(rq);

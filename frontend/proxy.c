@@ -236,26 +236,12 @@ proxy_outcome(struct req *rq, int status, bool transport, bool no_sample)
 static void
 proxy_count(struct req *rq, int status, bool ok)
 {
-	char labels[SHM_SERIES_NAME_MAX];
-	const char *ep = extract_endpoint_name(rq->rq_ep);
-
 	local_count_response(rq->rq_hr, status);
 	if (rq->rq_fixed)
 		return;
-	snprintf(labels, sizeof(labels),
-	    "router_type=\"http\",backend_type=\"regular\","
-	    "connection_mode=\"http\",model=\"%s\",endpoint=\"%s\","
-	    "streaming=\"%s\"",
-	    rq->rq_model, ep, rq->rq_streaming ? "true" : "false");
-	stats_add("smg_router_requests_total", labels, 1);
-	if (ok) {
-		snprintf(labels, sizeof(labels),
-		    "router_type=\"http\",backend_type=\"regular\","
-		    "connection_mode=\"http\",model=\"%s\",endpoint=\"%s\"",
-		    rq->rq_model, ep);
-		stats_observe("smg_router_request_duration_seconds", labels,
-		    ev_now(fe->fe_loop) - rq->rq_start);
-	}
+	stats_router_request("regular", rq->rq_model,
+	    extract_endpoint_name(rq->rq_ep), rq->rq_streaming, ok,
+	    ev_now(fe->fe_loop) - rq->rq_start);
 }
 
 /* Answers with a gateway error and ends the request. */
@@ -263,18 +249,12 @@ static void
 proxy_fail(struct req *rq, int status, const char *code, const char *msg,
     int retry_after)
 {
-	char labels[SHM_SERIES_NAME_MAX];
 	struct conn *c = rq->rq_conn;
 
 	proxy_count(rq, status, false);
-	if (!rq->rq_fixed) {
-		snprintf(labels, sizeof(labels),
-		    "router_type=\"http\",backend_type=\"regular\","
-		    "connection_mode=\"http\",model=\"%s\",endpoint=\"%s\","
-		    "error_type=\"%s\"",
-		    rq->rq_model, extract_endpoint_name(rq->rq_ep), code);
-		stats_add("smg_router_request_errors_total", labels, 1);
-	}
+	if (!rq->rq_fixed)
+		stats_router_error("regular", rq->rq_model,
+		    extract_endpoint_name(rq->rq_ep), code);
 	rq->rq_conn = NULL;
 	conn_error(c, status, code, msg, rq->rq_id, retry_after);
 	proxy_free(rq);

@@ -111,3 +111,38 @@ stats_observe(const char *family, const char *labels, double seconds)
 		return;
 	metrics_observe(fe->fe_shm, fe->fe_row, e->st_hist, seconds);
 }
+
+void
+stats_router_request(const char *backend, const char *model,
+    const char *endpoint, bool streaming, bool ok, double seconds)
+{
+	char labels[SHM_SERIES_NAME_MAX];
+
+	snprintf(labels, sizeof(labels),
+	    "router_type=\"http\",backend_type=\"%s\","
+	    "connection_mode=\"http\",model=\"%s\",endpoint=\"%s\","
+	    "streaming=\"%s\"",
+	    backend, model, endpoint, streaming ? "true" : "false");
+	stats_add("smg_router_requests_total", labels, 1);
+	if (!ok)
+		return;
+	snprintf(labels, sizeof(labels),
+	    "router_type=\"http\",backend_type=\"%s\","
+	    "connection_mode=\"http\",model=\"%s\",endpoint=\"%s\"",
+	    backend, model, endpoint);
+	stats_observe("smg_router_request_duration_seconds", labels, seconds);
+}
+
+void
+stats_router_error(const char *backend, const char *model, const char *endpoint,
+    const char *error_type)
+{
+	char labels[SHM_SERIES_NAME_MAX];
+
+	snprintf(labels, sizeof(labels),
+	    "router_type=\"http\",backend_type=\"%s\","
+	    "connection_mode=\"http\",model=\"%s\",endpoint=\"%s\","
+	    "error_type=\"%s\"",
+	    backend, model, endpoint, error_type);
+	stats_add("smg_router_request_errors_total", labels, 1);
+}

@@ -65,7 +65,13 @@ def test_round_robin_exactly_even(tmp_path):
             counts[url] = counts.get(url, 0) + 1
         conn.close()
         assert counts == {w1.url: 500, w2.url: 500}
-        assert 'policy="round_robin"} 1000' in g.metrics()
+        m = g.metrics()
+        assert 'policy="round_robin"} 1000' in m
+        assert re.search(r'smg_router_requests_total\{router_type="http",'
+                         r'backend_type="regular",[^}]*endpoint="generate",'
+                         r'streaming="false"\} 1000', m), m
+        assert re.search(r'smg_router_request_duration_seconds_count\{'
+                         r'[^}]*endpoint="generate"\} 1000', m), m
         g.stop()
     w1.stop()
     w2.stop()
