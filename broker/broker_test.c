@@ -5,7 +5,6 @@
  * outcomes, the LMDB store and a restart that keeps the workers.
  */
 #define _XOPEN_SOURCE 700
-#include <ftw.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -24,16 +23,7 @@
 #include "shared/shm.h"
 
 #include "broker/broker.h"
-
-struct fx {
-	char dir[64];
-	char run[128];
-	char state[128];
-	struct broker_settings bs;
-	struct broker_startup_worker sw[4];
-	struct ev_loop *loop;
-	struct broker *br;
-};
+#include "broker/broker_testutil.h"
 
 struct dec {
 	int ok;
@@ -49,45 +39,19 @@ struct dec {
 	unsigned retry_after;
 };
 
-static int rm_cb(const char *path, const struct stat *sb, int flag,
-    struct FTW *ftw);
-
-static int
-rm_cb(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
-{
-	(void)sb;
-	(void)flag;
-	(void)ftw;
-	return remove(path);
-}
-
 static int
 fx_setup(void **state)
 {
-	struct fx *f = calloc(1, sizeof(*f));
+	struct btu_fx *f = btu_fx_new("broker", "round_robin");
 
-	snprintf(f->dir, sizeof(f->dir), "/tmp/smg-broker-test.XXXXXX");
-	if (mkdtemp(f->dir) == NULL)
+	if (f == NULL)
 		return -1;
-	snprintf(f->run, sizeof(f->run), "%s/run", f->dir);
-	snprintf(f->state, sizeof(f->state), "%s/state", f->dir);
-	f->bs.bs_state_dir = f->state;
-	f->bs.bs_run_dir = f->run;
-	f->bs.bs_policy = "round_robin";
-	f->bs.bs_cb_failure_threshold = 2;
-	f->bs.bs_cb_success_threshold = 1;
-	f->bs.bs_cb_timeout_secs = 60;
-	f->bs.bs_health_failure_threshold = 2;
-	f->bs.bs_health_success_threshold = 2;
-	f->bs.bs_disable_health_check = true;
-	f->bs.bs_drain_settle_secs = 0;
-	f->bs.bs_load_monitor_interval = 7;
-	f->sw[0] = (struct broker_startup_worker) { "http://a:1/", 0, -1 };
-	f->sw[1] = (struct broker_startup_worker) { "http://b:2", 0, -1 };
-	f->sw[2] = (struct broker_startup_worker) { "http://c:3", 0, -1 };
-	f->bs.bs_workers = f->sw;
-	f->bs.bs_nworkers = 3;
-	f->loop = ev_default_loop(0);
+	f->fx_bs.bs_cb_failure_threshold = 2;
+	f->fx_bs.bs_health_failure_threshold = 2;
+	f->fx_bs.bs_health_success_threshold = 2;
+	f->fx_bs.bs_drain_settle_secs = 0;
+	f->fx_bs.bs_load_monitor_interval = 7;
+	f->fx_sw[0].sw_url = "http://a:1/";
 	*state = f;
 	return 0;
 }
@@ -95,25 +59,12 @@ fx_setup(void **state)
 static int
 fx_teardown(void **state)
 {
-	struct fx *f = *state;
-
-	server_free(f->br);
-	shm_unlink_segment(f->run);
-	nftw(f->dir, rm_cb, 8, FTW_DEPTH | FTW_PHYS);
-	free(f);
+	btu_fx_free(*state);
 	return 0;
 }
 
-static struct broker *
-fx_start(struct fx *f)
-{
-	f->br = server_new(f->loop, &f->bs, false);
-	assert_non_null(f->br);
-	return f->br;
-}
-
 static Smg__BrokerReply *
-fx_send(struct fx *f, Smg__FrontendMsg *m)
+fx_send(struct btu_fx *f, Smg__FrontendMsg *m)
 {
 	Smg__BrokerReply *r;
 	uint8_t *buf, *out;
@@ -122,7 +73,7 @@ fx_send(struct fx *f, Smg__FrontendMsg *m)
 
 	m->version = IPC_VERSION;
 	buf = ipc_pack_frontend(m, &len);
-	out = server_frontend(f->br, buf, len, &olen);
+	out = server_frontend(f->fx_br, buf, len, &olen);
 	assert_non_null(out);
 	r = ipc_decode_broker(out, olen, &why);
 	assert_non_null(r);
@@ -132,7 +83,7 @@ fx_send(struct fx *f, Smg__FrontendMsg *m)
 }
 
 static void
-fx_route_ex(struct fx *f, const char *model, int leg, const uint32_t *excl,
+fx_route_ex(struct btu_fx *f, const char *model, int leg, const uint32_t *excl,
     size_t nexcl, struct dec *d)
 {
 	Smg__FrontendMsg m = SMG__FRONTEND_MSG__INIT;
@@ -171,13 +122,13 @@ fx_route_ex(struct fx *f, const char *model, int leg, const uint32_t *excl,
 }
 
 static void
-fx_route(struct fx *f, const char *model, struct dec *d)
+fx_route(struct btu_fx *f, const char *model, struct dec *d)
 {
 	fx_route_ex(f, model, SMG__LEG__LEG_SINGLE, NULL, 0, d);
 }
 
 static void
-fx_outcome(struct fx *f, struct worker *w, unsigned status)
+fx_outcome(struct btu_fx *f, struct worker *w, unsigned status)
 {
 	Smg__FrontendMsg m = SMG__FRONTEND_MSG__INIT;
 	Smg__RouteBatch rb = SMG__ROUTE_BATCH__INIT;
@@ -198,7 +149,7 @@ fx_outcome(struct fx *f, struct worker *w, unsigned status)
 
 /* Admin op; returns the status, *body parsed (caller frees). */
 static unsigned
-fx_admin(struct fx *f, Smg__AdminRequest *a, cJSON **body, char *loc,
+fx_admin(struct btu_fx *f, Smg__AdminRequest *a, cJSON **body, char *loc,
     size_t loclen)
 {
 	Smg__FrontendMsg m = SMG__FRONTEND_MSG__INIT;
@@ -219,7 +170,7 @@ fx_admin(struct fx *f, Smg__AdminRequest *a, cJSON **body, char *loc,
 }
 
 static unsigned
-fx_add(struct fx *f, const char *json, cJSON **body, char *loc, size_t n)
+fx_add(struct btu_fx *f, const char *json, cJSON **body, char *loc, size_t n)
 {
 	Smg__AdminRequest a = SMG__ADMIN_REQUEST__INIT;
 	Smg__WorkerSpec s = SMG__WORKER_SPEC__INIT;
@@ -231,7 +182,7 @@ fx_add(struct fx *f, const char *json, cJSON **body, char *loc, size_t n)
 }
 
 static unsigned
-fx_simple(struct fx *f, int op, const char *arg, cJSON **body)
+fx_simple(struct btu_fx *f, int op, const char *arg, cJSON **body)
 {
 	Smg__AdminRequest a = SMG__ADMIN_REQUEST__INIT;
 
@@ -246,19 +197,19 @@ fx_simple(struct fx *f, int op, const char *arg, cJSON **body)
 }
 
 static void
-fx_poll(struct fx *f, Smg__PollerMsg *m)
+fx_poll(struct btu_fx *f, Smg__PollerMsg *m)
 {
 	uint8_t *buf;
 	size_t len;
 
 	m->version = IPC_VERSION;
 	buf = ipc_pack_poller(m, &len);
-	server_poller(f->br, buf, len);
+	server_poller(f->fx_br, buf, len);
 	free(buf);
 }
 
 static void
-fx_discovery(struct fx *f, struct worker *w, bool ok, const char *model)
+fx_discovery(struct btu_fx *f, struct worker *w, bool ok, const char *model)
 {
 	Smg__PollerMsg m = SMG__POLLER_MSG__INIT;
 	Smg__WorkerDiscovery d = SMG__WORKER_DISCOVERY__INIT;
@@ -276,7 +227,7 @@ fx_discovery(struct fx *f, struct worker *w, bool ok, const char *model)
 }
 
 static void
-fx_health(struct fx *f, struct worker *w, bool passed)
+fx_health(struct btu_fx *f, struct worker *w, bool passed)
 {
 	Smg__PollerMsg m = SMG__POLLER_MSG__INIT;
 	Smg__HealthReport h = SMG__HEALTH_REPORT__INIT;
@@ -291,7 +242,8 @@ fx_health(struct fx *f, struct worker *w, bool passed)
 }
 
 static void
-fx_load(struct fx *f, struct worker *w, bool ok, int64_t waiting, double usage)
+fx_load(struct btu_fx *f, struct worker *w, bool ok, int64_t waiting,
+    double usage)
 {
 	Smg__PollerMsg m = SMG__POLLER_MSG__INIT;
 	Smg__LoadReport l = SMG__LOAD_REPORT__INIT;
@@ -314,44 +266,45 @@ fx_load(struct fx *f, struct worker *w, bool ok, int64_t waiting, double usage)
 }
 
 static struct worker *
-fx_worker(struct fx *f, const char *url)
+fx_worker(struct btu_fx *f, const char *url)
 {
-	struct worker *w = registry_find(f->br, url);
+	struct worker *w = registry_find(f->fx_br, url);
 
 	assert_non_null(w);
 	return w;
 }
 
 static int64_t
-metric(struct fx *f, const char *family, const char *labels)
+metric(struct btu_fx *f, const char *family, const char *labels)
 {
-	int s = metrics_series(f->br->br_shm, METRICS_COUNTER, family, labels);
+	int s =
+	    metrics_series(f->fx_br->br_shm, METRICS_COUNTER, family, labels);
 	int64_t v = 0;
 	int row;
 
 	assert_true(s >= 0);
 	for (row = 0; row < SHM_ROWS; row++)
-		v += shm_segment(f->br->br_shm)->sh_values[row][s];
+		v += shm_segment(f->fx_br->br_shm)->sh_values[row][s];
 	return v;
 }
 
 static void
 test_route_round_robin(void **state)
 {
-	struct fx *f = *state;
+	struct btu_fx *f = *state;
 	struct shm_worker sw;
 	struct dec d;
 	const char *exp[] = { "http://a:1", "http://b:2", "http://c:3",
 		"http://a:1" };
 	int i;
 
-	fx_start(f);
+	btu_fx_start(f);
 	for (i = 0; i < 4; i++) {
 		fx_route(f, "", &d);
 		assert_true(d.ok);
 		assert_string_equal(d.url, exp[i]);
 		assert_string_equal(d.policy, "round_robin");
-		assert_int_equal(shm_worker_read(f->br->br_shm, d.slot, &sw),
+		assert_int_equal(shm_worker_read(f->fx_br->br_shm, d.slot, &sw),
 		    0);
 		assert_string_equal(sw.sw_url, d.url);
 		assert_int_equal(sw.sw_generation, d.gen);
@@ -366,22 +319,22 @@ test_route_round_robin(void **state)
 static void
 test_route_errors(void **state)
 {
-	struct fx *f = *state;
+	struct btu_fx *f = *state;
 	struct dec d;
 
-	f->bs.bs_nworkers = 0;
-	fx_start(f);
+	f->fx_bs.bs_nworkers = 0;
+	btu_fx_start(f);
 	/* No worker at all serves the model. */
 	fx_route(f, "llama", &d);
 	assert_false(d.ok);
 	assert_int_equal(d.http_status, 404);
 	assert_string_equal(d.code, "model_not_found");
 	assert_string_equal(d.msg, "No worker available for model 'llama'");
-	server_free(f->br);
+	server_free(f->fx_br);
 	/* Workers exist but none is available (Pending). */
-	f->bs.bs_nworkers = 2;
-	f->bs.bs_disable_health_check = false;
-	fx_start(f);
+	f->fx_bs.bs_nworkers = 2;
+	f->fx_bs.bs_disable_health_check = false;
+	btu_fx_start(f);
 	fx_route(f, "llama", &d);
 	assert_false(d.ok);
 	assert_int_equal(d.http_status, 503);
@@ -396,15 +349,15 @@ test_route_errors(void **state)
 static void
 test_candidate_filter(void **state)
 {
-	struct fx *f = *state;
+	struct btu_fx *f = *state;
 	struct worker *pool[SHM_MAX_WORKERS];
 	struct worker *a, *b, *c;
 	cJSON *body;
 	bool over;
 	unsigned n;
 
-	f->bs.bs_overload_waiting = 4;
-	fx_start(f);
+	f->fx_bs.bs_overload_waiting = 4;
+	btu_fx_start(f);
 	a = fx_worker(f, "http://a:1");
 	b = fx_worker(f, "http://b:2");
 	c = fx_worker(f, "http://c:3");
@@ -422,25 +375,25 @@ test_candidate_filter(void **state)
 	                     &body, NULL, 0),
 	    202);
 	cJSON_Delete(body);
-	n = avail_pool(f->br, "", SMG__WORKER_TYPE__WORKER_TYPE_REGULAR,
+	n = avail_pool(f->fx_br, "", SMG__WORKER_TYPE__WORKER_TYPE_REGULAR,
 	    SMG__CONNECTION_MODE__CONNECTION_MODE_HTTP, pool);
 	assert_int_equal(n, 3);
 	assert_ptr_equal(pool[0], a);
 	assert_ptr_equal(pool[2], c);
-	n = avail_pool(f->br, "", SMG__WORKER_TYPE__WORKER_TYPE_PREFILL,
+	n = avail_pool(f->fx_br, "", SMG__WORKER_TYPE__WORKER_TYPE_PREFILL,
 	    SMG__CONNECTION_MODE__CONNECTION_MODE_HTTP, pool);
 	assert_int_equal(n, 1);
-	n = avail_pool(f->br, "", SMG__WORKER_TYPE__WORKER_TYPE_REGULAR,
+	n = avail_pool(f->fx_br, "", SMG__WORKER_TYPE__WORKER_TYPE_REGULAR,
 	    SMG__CONNECTION_MODE__CONNECTION_MODE_GRPC, pool);
 	assert_int_equal(n, 1);
 	/* Status: NotReady is out. */
-	registry_set_status(f->br, a, SHM_WORKER_NOT_READY);
-	n = avail_pool(f->br, "", 0, 0, pool);
-	n = avail_filter(f->br, pool, n, &over);
+	registry_set_status(f->fx_br, a, SHM_WORKER_NOT_READY);
+	n = avail_pool(f->fx_br, "", 0, 0, pool);
+	n = avail_filter(f->fx_br, pool, n, &over);
 	assert_int_equal(n, 2);
 	assert_ptr_equal(pool[0], b);
 	assert_false(over);
-	registry_set_status(f->br, a, SHM_WORKER_READY);
+	registry_set_status(f->fx_br, a, SHM_WORKER_READY);
 	/* Breaker open is out; half-open (after the timeout) is back. */
 	fx_outcome(f, b, 503);
 	fx_outcome(f, b, 200);
@@ -448,43 +401,46 @@ test_candidate_filter(void **state)
 	fx_outcome(f, b, 502);
 	fx_outcome(f, b, 500);
 	assert_int_equal(b->wk_cb.cb_state, SHM_BREAKER_OPEN);
-	n = avail_filter(f->br, pool, avail_pool(f->br, "", 0, 0, pool), &over);
+	n = avail_filter(f->fx_br, pool, avail_pool(f->fx_br, "", 0, 0, pool),
+	    &over);
 	assert_int_equal(n, 2);
 	assert_ptr_equal(pool[1], c);
-	f->br->br_cbconf.bc_timeout_ms = 0;
-	n = avail_filter(f->br, pool, avail_pool(f->br, "", 0, 0, pool), &over);
+	f->fx_br->br_cbconf.bc_timeout_ms = 0;
+	n = avail_filter(f->fx_br, pool, avail_pool(f->fx_br, "", 0, 0, pool),
+	    &over);
 	assert_int_equal(n, 3);
 	assert_int_equal(b->wk_cb.cb_state, SHM_BREAKER_HALF_OPEN);
 	/* Overload flag is out. */
 	fx_load(f, c, true, 4, 0.1);
 	assert_true(c->wk_overloaded);
-	n = avail_filter(f->br, pool, avail_pool(f->br, "", 0, 0, pool), &over);
+	n = avail_filter(f->fx_br, pool, avail_pool(f->fx_br, "", 0, 0, pool),
+	    &over);
 	assert_int_equal(n, 2);
 	assert_false(over);
 	/* Model: a model's workers plus model-less ones, in order. */
 	fx_discovery(f, a, true, "m1");
 	fx_discovery(f, b, true, "m2");
-	n = avail_pool(f->br, "m1", 0, 0, pool);
+	n = avail_pool(f->fx_br, "m1", 0, 0, pool);
 	assert_int_equal(n, 2);
 	assert_ptr_equal(pool[0], a);
 	assert_ptr_equal(pool[1], c);
-	n = avail_pool(f->br, "m2", 0, 0, pool);
+	n = avail_pool(f->fx_br, "m2", 0, 0, pool);
 	assert_int_equal(n, 2);
 	assert_ptr_equal(pool[0], b);
-	n = avail_pool(f->br, "", 0, 0, pool);
+	n = avail_pool(f->fx_br, "", 0, 0, pool);
 	assert_int_equal(n, 3);
 }
 
 static void
 test_exclude_and_overload_shed(void **state)
 {
-	struct fx *f = *state;
+	struct btu_fx *f = *state;
 	struct dec d;
 	uint32_t ex[2];
 	int i;
 
-	f->bs.bs_overload_waiting = 10;
-	fx_start(f);
+	f->fx_bs.bs_overload_waiting = 10;
+	btu_fx_start(f);
 	ex[0] = fx_worker(f, "http://a:1")->wk_slot;
 	for (i = 0; i < 6; i++) {
 		fx_route_ex(f, "", 0, ex, 1, &d);
@@ -521,12 +477,12 @@ test_exclude_and_overload_shed(void **state)
 static void
 test_policy_label(void **state)
 {
-	struct fx *f = *state;
+	struct btu_fx *f = *state;
 	struct dec d;
 	cJSON *body;
 
-	f->bs.bs_nworkers = 0;
-	fx_start(f);
+	f->fx_bs.bs_nworkers = 0;
+	btu_fx_start(f);
 	assert_int_equal(fx_add(f,
 	                     "{\"url\":\"http://x1:1\",\"models\":[{\"id\":"
 	                     "\"mx\"}],\"labels\":{\"policy\":\"Random\"},"
@@ -556,8 +512,8 @@ test_policy_label(void **state)
 	fx_route(f, "my", &d);
 	assert_string_equal(d.policy, "round_robin");
 	/* The mapping goes with the model's last worker. */
-	registry_remove(f->br, fx_worker(f, "http://x1:1"));
-	registry_remove(f->br, fx_worker(f, "http://x2:1"));
+	registry_remove(f->fx_br, fx_worker(f, "http://x1:1"));
+	registry_remove(f->fx_br, fx_worker(f, "http://x2:1"));
 	fx_route(f, "mx", &d);
 	assert_int_equal(d.http_status, 404);
 	assert_int_equal(
@@ -575,13 +531,13 @@ test_policy_label(void **state)
 static void
 test_admin_shapes(void **state)
 {
-	struct fx *f = *state;
+	struct btu_fx *f = *state;
 	cJSON *body, *it, *w;
 	char loc[128], id[64], path[96];
 	int i;
 
-	f->bs.bs_disable_health_check = false;
-	fx_start(f);
+	f->fx_bs.bs_disable_health_check = false;
+	btu_fx_start(f);
 	fx_discovery(f, fx_worker(f, "http://a:1"), true, "");
 	assert_int_equal(fx_add(f,
 	                     "{\"url\":\"http://new:8000/\",\"worker_type\":"
@@ -687,9 +643,9 @@ test_admin_shapes(void **state)
 	    id);
 	cJSON_Delete(body);
 	assert_int_equal(fx_worker(f, id)->wk_status, SHM_WORKER_DRAINING);
-	for (i = 0; i < 5 && registry_find(f->br, id) != NULL; i++)
-		ev_run(f->loop, EVRUN_NOWAIT);
-	assert_null(registry_find(f->br, id));
+	for (i = 0; i < 5 && registry_find(f->fx_br, id) != NULL; i++)
+		ev_run(f->fx_loop, EVRUN_NOWAIT);
+	assert_null(registry_find(f->fx_br, id));
 	assert_int_equal(
 	    fx_simple(f, SMG__ADMIN_REQUEST__OP_REMOVE_WORKER, id, &body), 404);
 	cJSON_Delete(body);
@@ -698,7 +654,7 @@ test_admin_shapes(void **state)
 static void
 test_admin_validation(void **state)
 {
-	struct fx *f = *state;
+	struct btu_fx *f = *state;
 	static const char *bad[] = {
 		"{not json",
 		"[1,2]",
@@ -721,20 +677,20 @@ test_admin_validation(void **state)
 	cJSON *body;
 	size_t i;
 
-	fx_start(f);
+	btu_fx_start(f);
 	for (i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		assert_int_equal(fx_add(f, bad[i], &body, NULL, 0), 400);
 		assert_true(cJSON_IsString(cJSON_GetObjectItem(body, "error")));
 		assert_true(cJSON_IsString(cJSON_GetObjectItem(body, "code")));
 		cJSON_Delete(body);
 	}
-	assert_int_equal(f->br->br_nworkers, 3);
+	assert_int_equal(f->fx_br->br_nworkers, 3);
 }
 
 static void
 test_malformed_and_ping(void **state)
 {
-	struct fx *f = *state;
+	struct btu_fx *f = *state;
 	Smg__FrontendMsg m = SMG__FRONTEND_MSG__INIT;
 	Smg__Ping ping = SMG__PING__INIT;
 	Smg__BrokerReply *r;
@@ -743,8 +699,8 @@ test_malformed_and_ping(void **state)
 	size_t len, olen;
 	const char *why;
 
-	fx_start(f);
-	out = server_frontend(f->br, junk, sizeof(junk), &olen);
+	btu_fx_start(f);
+	out = server_frontend(f->fx_br, junk, sizeof(junk), &olen);
 	assert_non_null(out);
 	r = ipc_decode_broker(out, olen, &why);
 	assert_non_null(r);
@@ -769,7 +725,7 @@ test_malformed_and_ping(void **state)
 		smg__frontend_msg__pack(u, buf);
 		smg__frontend_msg__free_unpacked(u, NULL);
 	}
-	out = server_frontend(f->br, buf, len, &olen);
+	out = server_frontend(f->fx_br, buf, len, &olen);
 	r = ipc_decode_broker(out, olen, &why);
 	assert_non_null(r);
 	assert_int_equal(r->body_case, SMG__BROKER_REPLY__BODY_ERROR);
@@ -783,24 +739,24 @@ test_malformed_and_ping(void **state)
 	assert_int_equal(r->body_case, SMG__BROKER_REPLY__BODY_PONG);
 	assert_int_equal(r->pong->broker_pid, getpid());
 	assert_int_equal(r->pong->registry_generation,
-	    shm_workers_generation(f->br->br_shm));
+	    shm_workers_generation(f->fx_br->br_shm));
 	smg__broker_reply__free_unpacked(r, NULL);
 	/* Garbage from the poller is dropped, the broker keeps serving. */
-	server_poller(f->br, junk, sizeof(junk));
-	assert_int_equal(f->br->br_nworkers, 3);
+	server_poller(f->fx_br, junk, sizeof(junk));
+	assert_int_equal(f->fx_br->br_nworkers, 3);
 }
 
 static void
 test_reports_lifecycle(void **state)
 {
-	struct fx *f = *state;
+	struct btu_fx *f = *state;
 	struct worker *a, *b, *c, stale;
 	struct shm_worker sw;
 	struct dec d;
 	int i;
 
-	f->bs.bs_disable_health_check = false;
-	fx_start(f);
+	f->fx_bs.bs_disable_health_check = false;
+	btu_fx_start(f);
 	a = fx_worker(f, "http://a:1");
 	b = fx_worker(f, "http://b:2");
 	c = fx_worker(f, "http://c:3");
@@ -814,7 +770,7 @@ test_reports_lifecycle(void **state)
 	assert_int_equal(a->wk_status, SHM_WORKER_READY);
 	assert_string_equal(a->wk_model, "m");
 	assert_string_equal(a->wk_runtime, "sglang");
-	assert_int_equal(shm_worker_read(f->br->br_shm, a->wk_slot, &sw), 0);
+	assert_int_equal(shm_worker_read(f->fx_br->br_shm, a->wk_slot, &sw), 0);
 	assert_string_equal(sw.sw_model, "m");
 	assert_int_equal(sw.sw_status, SHM_WORKER_READY);
 	fx_route(f, "m", &d);
@@ -855,13 +811,13 @@ test_reports_lifecycle(void **state)
 static void
 test_outcomes_breaker(void **state)
 {
-	struct fx *f = *state;
+	struct btu_fx *f = *state;
 	struct worker *a, stale;
 	struct shm_worker sw;
 	struct dec d;
 	int i;
 
-	fx_start(f);
+	btu_fx_start(f);
 	a = fx_worker(f, "http://a:1");
 	for (i = 0; i < 10; i++)
 		fx_outcome(f, a, 404);
@@ -871,7 +827,7 @@ test_outcomes_breaker(void **state)
 	fx_outcome(f, a, 504);
 	fx_outcome(f, a, 408);
 	assert_int_equal(a->wk_cb.cb_state, SHM_BREAKER_OPEN);
-	assert_int_equal(shm_worker_read(f->br->br_shm, a->wk_slot, &sw), 0);
+	assert_int_equal(shm_worker_read(f->fx_br->br_shm, a->wk_slot, &sw), 0);
 	assert_int_equal(sw.sw_breaker, SHM_BREAKER_OPEN);
 	for (i = 0; i < 6; i++) {
 		fx_route(f, "", &d);
@@ -884,7 +840,7 @@ test_outcomes_breaker(void **state)
 	assert_int_equal(metric(f, "smg_worker_cb_outcomes_total",
 	                     "worker=\"http://a:1\",outcome=\"success\""),
 	    10);
-	f->br->br_cbconf.bc_timeout_ms = 0;
+	f->fx_br->br_cbconf.bc_timeout_ms = 0;
 	fx_route(f, "", &d);
 	assert_int_equal(a->wk_cb.cb_state, SHM_BREAKER_HALF_OPEN);
 	/* Outcome for a slot generation that is gone: ignored. */
@@ -894,7 +850,7 @@ test_outcomes_breaker(void **state)
 	assert_int_equal(a->wk_cb.cb_state, SHM_BREAKER_HALF_OPEN);
 	fx_outcome(f, a, 200);
 	assert_int_equal(a->wk_cb.cb_state, SHM_BREAKER_CLOSED);
-	assert_int_equal(shm_worker_read(f->br->br_shm, a->wk_slot, &sw), 0);
+	assert_int_equal(shm_worker_read(f->fx_br->br_shm, a->wk_slot, &sw), 0);
 	assert_int_equal(sw.sw_breaker, SHM_BREAKER_CLOSED);
 }
 
@@ -917,11 +873,11 @@ collect(void *arg, const char *key, const char *value)
 static void
 test_store_roundtrip(void **state)
 {
-	struct fx *f = *state;
+	struct btu_fx *f = *state;
 	struct store *st;
 	struct recs r = { 0 };
 
-	st = store_open(f->state);
+	st = store_open(f->fx_state);
 	assert_non_null(st);
 	store_put(st, "http://k1", "v1");
 	store_put(st, "http://k2", "v2");
@@ -938,7 +894,7 @@ test_store_roundtrip(void **state)
 	assert_false(store_pending(st));
 	store_put(st, "http://k4", "v4");
 	store_close(st); /* flushes */
-	st = store_open(f->state);
+	st = store_open(f->fx_state);
 	assert_non_null(st);
 	memset(&r, 0, sizeof(r));
 	assert_int_equal(store_each(st, collect, &r), 0);
@@ -952,15 +908,15 @@ test_store_roundtrip(void **state)
 static void
 test_write_behind(void **state)
 {
-	struct fx *f = *state;
+	struct btu_fx *f = *state;
 	cJSON *body;
 	char js[128];
 	uint64_t before;
 	int i;
 	struct dec d;
 
-	fx_start(f);
-	before = store_txn_count(f->br->br_store);
+	btu_fx_start(f);
+	before = store_txn_count(f->fx_br->br_store);
 	for (i = 0; i < 40; i++) {
 		snprintf(js, sizeof(js), "{\"url\":\"http://wb%d:1\"}", i);
 		assert_int_equal(fx_add(f, js, &body, NULL, 0), 202);
@@ -968,26 +924,26 @@ test_write_behind(void **state)
 		fx_route(f, "", &d);
 	}
 	/* No transaction per request: all of it waits for the flush. */
-	assert_int_equal(store_txn_count(f->br->br_store), before);
-	assert_true(store_pending(f->br->br_store));
-	assert_int_equal(store_flush(f->br->br_store), 0);
-	assert_int_equal(store_txn_count(f->br->br_store), before + 1);
+	assert_int_equal(store_txn_count(f->fx_br->br_store), before);
+	assert_true(store_pending(f->fx_br->br_store));
+	assert_int_equal(store_flush(f->fx_br->br_store), 0);
+	assert_int_equal(store_txn_count(f->fx_br->br_store), before + 1);
 	for (i = 0; i < 100; i++)
 		fx_route(f, "", &d);
-	assert_false(store_pending(f->br->br_store));
+	assert_false(store_pending(f->fx_br->br_store));
 }
 
 static void
 test_restart_keeps_workers(void **state)
 {
-	struct fx *f = *state;
+	struct btu_fx *f = *state;
 	struct worker *a, *n;
 	unsigned slot_a, slot_n;
 	uint32_t gen_a;
 	cJSON *body;
 
-	f->bs.bs_disable_health_check = false;
-	fx_start(f);
+	f->fx_bs.bs_disable_health_check = false;
+	btu_fx_start(f);
 	a = fx_worker(f, "http://a:1");
 	fx_discovery(f, a, true, "ma");
 	slot_a = a->wk_slot;
@@ -1007,14 +963,14 @@ test_restart_keeps_workers(void **state)
 	                     "http://gone:7", &body),
 	    202);
 	cJSON_Delete(body);
-	server_free(f->br);
-	f->br = NULL;
+	server_free(f->fx_br);
+	f->fx_br = NULL;
 	/* The command line loses c; the API worker comes back. */
-	f->bs.bs_nworkers = 2;
-	fx_start(f);
-	assert_int_equal(f->br->br_nworkers, 3);
-	assert_null(registry_find(f->br, "http://c:3"));
-	assert_null(registry_find(f->br, "http://gone:7"));
+	f->fx_bs.bs_nworkers = 2;
+	btu_fx_start(f);
+	assert_int_equal(f->fx_br->br_nworkers, 3);
+	assert_null(registry_find(f->fx_br, "http://c:3"));
+	assert_null(registry_find(f->fx_br, "http://gone:7"));
 	n = fx_worker(f, "http://api:7");
 	assert_string_equal(n->wk_model, "mm");
 	assert_string_equal(n->wk_api_key, "key1");

@@ -9,7 +9,6 @@
 #include <sys/wait.h>
 
 #include <fcntl.h>
-#include <ftw.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -28,21 +27,11 @@
 
 #include "shared/ipc.h"
 #include "shared/log.h"
-#include "shared/shm.h"
 
-static char dir[64], run[128], state_dir[128], broker_bin[4096];
+#include "broker/broker_testutil.h"
 
-static int rm_cb(const char *path, const struct stat *sb, int flag,
-    struct FTW *ftw);
-
-static int
-rm_cb(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
-{
-	(void)sb;
-	(void)flag;
-	(void)ftw;
-	return remove(path);
-}
+static char dir[BTU_DIR_SIZE], run[BTU_PATH_SIZE], state_dir[BTU_PATH_SIZE];
+static char broker_bin[4096];
 
 static void
 sleep_ms(long ms)
@@ -237,11 +226,8 @@ main(void)
 	int rc;
 
 	log_init("e2e_test", LOG_LEVEL_WARN);
-	snprintf(dir, sizeof(dir), "/tmp/smg-broker-e2e.XXXXXX");
-	if (mkdtemp(dir) == NULL)
+	if (btu_dir_make(dir, run, state_dir, "broker-e2e") == -1)
 		return 1;
-	snprintf(run, sizeof(run), "%s/run", dir);
-	snprintf(state_dir, sizeof(state_dir), "%s/state", dir);
 	/* The binary is at the build root, the test in <build>/broker. */
 	n = readlink("/proc/self/exe", broker_bin, sizeof(broker_bin) - 32);
 	if (n <= 0)
@@ -255,7 +241,6 @@ main(void)
 		return 1;
 	}
 	rc = cmocka_run_group_tests(tests, NULL, NULL);
-	shm_unlink_segment(run);
-	nftw(dir, rm_cb, 8, FTW_DEPTH | FTW_PHYS);
+	btu_dir_remove(dir, run);
 	return rc;
 }

@@ -5,7 +5,6 @@
  * made straight through the policy.
  */
 #define _XOPEN_SOURCE 700
-#include <ftw.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -22,105 +21,12 @@
 #include "shared/shm.h"
 
 #include "broker/broker.h"
-
-struct fx {
-	char dir[64];
-	char run[128];
-	char state[128];
-	struct broker_settings bs;
-	struct broker_startup_worker sw[3];
-	uint32_t bounds[2];
-	struct ev_loop *loop;
-	struct broker *br;
-	struct worker *c[3];
-};
-
-static int rm_cb(const char *path, const struct stat *sb, int flag,
-    struct FTW *ftw);
-
-static int
-rm_cb(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
-{
-	(void)sb;
-	(void)flag;
-	(void)ftw;
-	return remove(path);
-}
-
-static struct fx *
-fx_new(const char *policy)
-{
-	struct fx *f = calloc(1, sizeof(*f));
-
-	snprintf(f->dir, sizeof(f->dir), "/tmp/smg-ca-test.XXXXXX");
-	assert_non_null(mkdtemp(f->dir));
-	snprintf(f->run, sizeof(f->run), "%s/run", f->dir);
-	snprintf(f->state, sizeof(f->state), "%s/state", f->dir);
-	f->bs.bs_state_dir = f->state;
-	f->bs.bs_run_dir = f->run;
-	f->bs.bs_policy = policy;
-	f->bs.bs_cb_failure_threshold = 5;
-	f->bs.bs_cb_success_threshold = 1;
-	f->bs.bs_cb_timeout_secs = 60;
-	f->bs.bs_disable_health_check = true;
-	f->bs.bs_load_monitor_interval = 0; /* reports never age */
-	f->sw[0] = (struct broker_startup_worker) { "http://a:1", 0, -1 };
-	f->sw[1] = (struct broker_startup_worker) { "http://b:2", 0, -1 };
-	f->sw[2] = (struct broker_startup_worker) { "http://c:3", 0, -1 };
-	f->bs.bs_workers = f->sw;
-	f->bs.bs_nworkers = 3;
-	f->bs.bs_policy_flags = true;
-	f->bs.bs_cache_threshold = 0.5;
-	f->bs.bs_balance_abs_threshold = 2;
-	f->bs.bs_balance_rel_threshold = 1.5;
-	f->bs.bs_balance_token_usage_threshold = 1.0;
-	f->bs.bs_overload_token_usage_threshold = 1.0;
-	f->bs.bs_eviction_interval = 1;
-	f->bs.bs_max_tree_size = 1000;
-	f->bs.bs_block_size = 4;
-	f->bs.bs_cache_ttl_secs = 180;
-	f->bs.bs_max_idle_secs = 3600;
-	f->bs.bs_prefix_token_count = 256;
-	f->bs.bs_prefix_hash_load_factor = 1.25;
-	f->bs.bs_prefix_hash_abs_threshold = 10;
-	f->bounds[0] = 4;
-	f->bounds[1] = 8;
-	f->loop = ev_default_loop(0);
-	return f;
-}
+#include "broker/broker_testutil.h"
 
 static void
-fx_start(struct fx *f)
+report(struct btu_fx *f, unsigned i, double usage, int64_t waiting_tokens)
 {
-	unsigned i;
-
-	f->br = server_new(f->loop, &f->bs, false);
-	assert_non_null(f->br);
-	assert_int_equal(f->br->br_nworkers, 3);
-	for (i = 0; i < 3; i++)
-		f->c[i] = f->br->br_order[i];
-}
-
-static void
-fx_free(struct fx *f)
-{
-	server_free(f->br);
-	shm_unlink_segment(f->run);
-	nftw(f->dir, rm_cb, 8, FTW_DEPTH | FTW_PHYS);
-	free(f);
-}
-
-static void
-load(struct fx *f, unsigned i, unsigned n)
-{
-	while (n-- > 0)
-		shm_inflight_inc(f->br->br_shm, 0, f->c[i]->wk_slot);
-}
-
-static void
-report(struct fx *f, unsigned i, double usage, int64_t waiting_tokens)
-{
-	struct worker *w = f->c[i];
+	struct worker *w = f->fx_c[i];
 
 	w->wk_load.wl_valid = true;
 	w->wk_load.wl_nranks = 1;
@@ -128,53 +34,37 @@ report(struct fx *f, unsigned i, double usage, int64_t waiting_tokens)
 	w->wk_load.wl_waiting_uncached_tokens = waiting_tokens;
 	w->wk_load.wl_gen_throughput = 1000;
 	w->wk_load.wl_received_ms = shm_now_ms();
-	policy_notify_report(f->br, w);
+	policy_notify_report(f->fx_br, w);
 }
 
 /* A report with no queue but an explicit generation throughput. */
 static void
-report_tp(struct fx *f, unsigned i, int64_t waiting_tokens, double tp)
+report_tp(struct btu_fx *f, unsigned i, int64_t waiting_tokens, double tp)
 {
 	report(f, i, 0.0, waiting_tokens);
-	f->c[i]->wk_load.wl_gen_throughput = tp;
-	policy_notify_report(f->br, f->c[i]);
+	f->fx_c[i]->wk_load.wl_gen_throughput = tp;
+	policy_notify_report(f->fx_br, f->fx_c[i]);
 }
 
 static int
-pick_text(struct fx *f, const char *text)
+pick_text(struct btu_fx *f, const char *text)
 {
 	Smg__RouteRequest rq = SMG__ROUTE_REQUEST__INIT;
 
 	rq.text = (char *)text;
 	rq.has_text = true;
-	return policy_select(f->br->br_default, f->c, 3, &rq);
+	return policy_select(f->fx_br->br_default, f->fx_c, 3, &rq);
 }
 
 static int
-pick_tokens(struct fx *f, const uint32_t *tok, size_t n)
+pick_tokens(struct btu_fx *f, const uint32_t *tok, size_t n)
 {
 	Smg__RouteRequest rq = SMG__ROUTE_REQUEST__INIT;
 
 	rq.tokens = (uint32_t *)tok;
 	rq.n_tokens = n;
 	rq.has_tokens = true;
-	return policy_select(f->br->br_default, f->c, 3, &rq);
-}
-
-/* Value of family{branch="b"} in the metrics text, 0 when absent. */
-static long
-branch(struct fx *f, const char *family, const char *b)
-{
-	char *out = NULL, pat[160], *p;
-	size_t len;
-	long v = 0;
-
-	assert_int_equal(metrics_render(f->br->br_shm, &out, &len), 0);
-	snprintf(pat, sizeof(pat), "%s{branch=\"%s\"} ", family, b);
-	if ((p = strstr(out, pat)) != NULL)
-		v = strtol(p + strlen(pat), NULL, 10);
-	free(out);
-	return v;
+	return policy_select(f->fx_br->br_default, f->fx_c, 3, &rq);
 }
 
 #define CA "smg_cache_aware_policy_branch_total"
@@ -187,165 +77,166 @@ static const char *long_b = "a second, unrelated conversation that shares "
 static void
 test_tree_match_and_fallback(void **state)
 {
-	struct fx *f = fx_new("cache_aware");
+	struct btu_fx *f = btu_fx_flags_new("ca", "cache_aware");
 	char q[256];
 	int first, i;
 
 	(void)state;
-	fx_start(f);
+	btu_fx_start_order(f);
 	/* Nothing matches: the fallback pick (dark fleet: fewest in
 	 * flight), then the text is inserted for the winner. */
-	load(f, 0, 1);
-	load(f, 2, 1);
+	btu_load(f, 0, 1);
+	btu_load(f, 2, 1);
 	first = pick_text(f, long_a);
 	assert_int_equal(first, 1);
-	assert_int_equal(branch(f, CA, "min_load_fallback"), 1);
+	assert_int_equal(btu_branch(f, CA, "min_load_fallback"), 1);
 	/* Same prefix, longer text: the holder, despite load elsewhere. */
 	for (i = 0; i < 5; i++) {
 		snprintf(q, sizeof(q), "%s, turn %d", long_a, i);
 		assert_int_equal(pick_text(f, q), 1);
 	}
-	assert_int_equal(branch(f, CA, "tree_match"), 5);
+	assert_int_equal(btu_branch(f, CA, "tree_match"), 5);
 	/* Below the threshold (short shared part): fallback again. */
-	load(f, 1, 3);
+	btu_load(f, 1, 3);
 	assert_int_not_equal(pick_text(f,
 	                         "the first zzzzzzzzzzzzzzzzzzzzzzzzz"
 	                         "zzzzzzzzzzzzzzzzzzzzzz"),
 	    1);
-	assert_int_equal(branch(f, CA, "tree_match"), 5);
-	assert_int_equal(branch(f, CA, "min_load_fallback"), 2);
-	fx_free(f);
+	assert_int_equal(btu_branch(f, CA, "tree_match"), 5);
+	assert_int_equal(btu_branch(f, CA, "min_load_fallback"), 2);
+	btu_fx_free(f);
 }
 
 static void
 test_spill_needs_both_gates(void **state)
 {
-	struct fx *f = fx_new("cache_aware");
+	struct btu_fx *f = btu_fx_flags_new("ca", "cache_aware");
 
 	(void)state;
-	fx_start(f);
-	load(f, 1, 1);
-	load(f, 2, 1);
+	btu_fx_start_order(f);
+	btu_load(f, 1, 1);
+	btu_load(f, 2, 1);
 	assert_int_equal(pick_text(f, long_a), 0);
 	/* Holder 0 at 5, others 1: avg 7/3, rel gate 3.5, abs gate 4.33:
 	 * both exceeded -> spill to the least loaded. */
-	load(f, 0, 5);
+	btu_load(f, 0, 5);
 	assert_int_not_equal(pick_text(f, long_a), 0);
-	assert_int_equal(branch(f, CA, "spill"), 1);
-	fx_free(f);
+	assert_int_equal(btu_branch(f, CA, "spill"), 1);
+	btu_fx_free(f);
 
 	/* Holder at 3 with others at 2, abs 0: avg 7/3; over the absolute
 	 * gate (3 > 2.33) but not the relative one (3 > 3.5): stays. */
-	f = fx_new("cache_aware");
-	f->bs.bs_balance_abs_threshold = 0;
-	fx_start(f);
-	load(f, 1, 1);
-	load(f, 2, 1);
+	f = btu_fx_flags_new("ca", "cache_aware");
+	f->fx_bs.bs_balance_abs_threshold = 0;
+	btu_fx_start_order(f);
+	btu_load(f, 1, 1);
+	btu_load(f, 2, 1);
 	assert_int_equal(pick_text(f, long_a), 0);
-	load(f, 0, 3);
-	load(f, 1, 1);
-	load(f, 2, 1);
+	btu_load(f, 0, 3);
+	btu_load(f, 1, 1);
+	btu_load(f, 2, 1);
 	assert_int_equal(pick_text(f, long_a), 0);
-	assert_int_equal(branch(f, CA, "tree_match"), 1);
-	assert_int_equal(branch(f, CA, "spill"), 0);
-	fx_free(f);
+	assert_int_equal(btu_branch(f, CA, "tree_match"), 1);
+	assert_int_equal(btu_branch(f, CA, "spill"), 0);
+	btu_fx_free(f);
 }
 
 static void
 test_first_healthy_and_no_tree(void **state)
 {
-	struct fx *f = fx_new("cache_aware");
+	struct btu_fx *f = btu_fx_flags_new("ca", "cache_aware");
 	Smg__RouteRequest rq = SMG__ROUTE_REQUEST__INIT;
 	int idx;
 
 	(void)state;
-	fx_start(f);
-	load(f, 1, 1);
-	load(f, 2, 1);
+	btu_fx_start_order(f);
+	btu_load(f, 1, 1);
+	btu_load(f, 2, 1);
 	assert_int_equal(pick_text(f, long_a), 0);
 	/* The holder is not a candidate: first candidate, no insert. */
 	rq.text = (char *)long_a;
 	rq.has_text = true;
-	idx = policy_select(f->br->br_default, f->c + 1, 2, &rq);
+	idx = policy_select(f->fx_br->br_default, f->fx_c + 1, 2, &rq);
 	assert_int_equal(idx, 0);
-	assert_int_equal(branch(f, CA, "first_healthy_fallback"), 1);
+	assert_int_equal(btu_branch(f, CA, "first_healthy_fallback"), 1);
 	/* A model no worker was ever registered under: random, counted. */
-	free(f->c[0]->wk_model);
-	f->c[0]->wk_model = strdup("never-seen");
+	free(f->fx_c[0]->wk_model);
+	f->fx_c[0]->wk_model = strdup("never-seen");
 	idx = pick_text(f, long_b);
 	assert_true(idx >= 0 && idx < 3);
-	assert_int_equal(branch(f, CA, "no_tree_random"), 1);
-	free(f->c[0]->wk_model);
-	f->c[0]->wk_model = strdup(BROKER_MODEL_UNKNOWN);
-	assert_int_equal(policy_select(f->br->br_default, f->c, 0, &rq), -1);
-	fx_free(f);
+	assert_int_equal(btu_branch(f, CA, "no_tree_random"), 1);
+	free(f->fx_c[0]->wk_model);
+	f->fx_c[0]->wk_model = strdup(BROKER_MODEL_UNKNOWN);
+	assert_int_equal(policy_select(f->fx_br->br_default, f->fx_c, 0, &rq),
+	    -1);
+	btu_fx_free(f);
 }
 
 static void
 test_kv_pressure(void **state)
 {
-	struct fx *f = fx_new("cache_aware");
+	struct btu_fx *f = btu_fx_flags_new("ca", "cache_aware");
 
 	(void)state;
-	f->bs.bs_overload_token_usage_threshold = 0.9;
-	fx_start(f);
-	load(f, 1, 1);
-	load(f, 2, 1);
+	f->fx_bs.bs_overload_token_usage_threshold = 0.9;
+	btu_fx_start_order(f);
+	btu_load(f, 1, 1);
+	btu_load(f, 2, 1);
 	assert_int_equal(pick_text(f, long_a), 0);
 	report(f, 0, 0.95, 50000);
 	report(f, 1, 0.10, 0);
 	report(f, 2, 0.20, 4000);
 	/* kmax 0.95 > 0.9: the scorer picks, the holder is ignored. */
 	assert_int_equal(pick_text(f, long_a), 1);
-	assert_int_equal(branch(f, CA, "kv_pressure_min_load"), 1);
+	assert_int_equal(btu_branch(f, CA, "kv_pressure_min_load"), 1);
 	/* Still inserted for the winner: 1 now holds the prefix too. */
 	report(f, 0, 0.5, 0);
-	load(f, 0, 2);
+	btu_load(f, 0, 2);
 	assert_int_equal(pick_text(f, long_a), 1);
-	assert_int_equal(branch(f, CA, "tree_match"), 1);
-	fx_free(f);
+	assert_int_equal(btu_branch(f, CA, "tree_match"), 1);
+	btu_fx_free(f);
 }
 
 static void
 test_token_tree_pages(void **state)
 {
-	struct fx *f = fx_new("cache_aware");
+	struct btu_fx *f = btu_fx_flags_new("ca", "cache_aware");
 	uint32_t tok[12] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12 };
 	uint32_t other[12] = { 1, 2, 3, 4, 50, 60, 70, 80, 90, 100, 110, 120 };
 
 	(void)state;
-	fx_start(f);
-	load(f, 0, 1);
-	load(f, 1, 1);
+	btu_fx_start_order(f);
+	btu_load(f, 0, 1);
+	btu_load(f, 1, 1);
 	assert_int_equal(pick_tokens(f, tok, 12), 2);
-	load(f, 2, 1);
+	btu_load(f, 2, 1);
 	/* 12 of 12 tokens match on page boundaries. */
 	assert_int_equal(pick_tokens(f, tok, 12), 2);
-	assert_int_equal(branch(f, CA, "tree_match"), 1);
+	assert_int_equal(btu_branch(f, CA, "tree_match"), 1);
 	/* Only the first page (4 of 12) matches: 0.33 <= 0.5. */
 	(void)pick_tokens(f, other, 12);
-	assert_int_equal(branch(f, CA, "min_load_fallback"), 2);
-	fx_free(f);
+	assert_int_equal(btu_branch(f, CA, "min_load_fallback"), 2);
+	btu_fx_free(f);
 }
 
 static void
 test_eviction_sweep_and_gauges(void **state)
 {
-	struct fx *f = fx_new("cache_aware");
+	struct btu_fx *f = btu_fx_flags_new("ca", "cache_aware");
 	char *out = NULL;
 	char q[64];
 	size_t len;
 	int i;
 
 	(void)state;
-	f->bs.bs_max_tree_size = 100;
-	fx_start(f);
+	f->fx_bs.bs_max_tree_size = 100;
+	btu_fx_start_order(f);
 	for (i = 0; i < 50; i++) {
 		snprintf(q, sizeof(q), "unique prompt number %d padding", i);
 		(void)pick_text(f, q);
 	}
-	policy_sweep_all(f->br, shm_now_ms() + 10000);
-	assert_int_equal(metrics_render(f->br->br_shm, &out, &len), 0);
+	policy_sweep_all(f->fx_br, shm_now_ms() + 10000);
+	assert_int_equal(metrics_render(f->fx_br->br_shm, &out, &len), 0);
 	assert_non_null(strstr(out, "smg_cache_tree_chars{model=\"unknown\"}"));
 	assert_non_null(strstr(out,
 	    "smg_cache_tree_tenants{model=\"unknown\","
@@ -360,66 +251,66 @@ test_eviction_sweep_and_gauges(void **state)
 		                NULL, 10) <= 100);
 	}
 	free(out);
-	fx_free(f);
+	btu_fx_free(f);
 }
 
 static void
 test_hash_mode(void **state)
 {
-	struct fx *f = fx_new("cache_aware");
+	struct btu_fx *f = btu_fx_flags_new("ca", "cache_aware");
 	uint32_t tok[10] = { 9, 8, 7, 6, 5, 4, 3, 2, 1, 0 };
 	uint32_t shallow[10] = { 9, 8, 7, 6, 55, 44, 33, 22, 11, 0 };
 	int first;
 
 	(void)state;
-	f->bs.bs_cache_index_hash = true;
-	f->bs.bs_cache_boundaries = f->bounds;
-	f->bs.bs_cache_boundaries_n = 2;
-	fx_start(f);
+	f->fx_bs.bs_cache_index_hash = true;
+	f->fx_bs.bs_cache_boundaries = f->fx_bounds;
+	f->fx_bs.bs_cache_boundaries_n = 2;
+	btu_fx_start_order(f);
 	/* Shorter than min(B) = 4: fallback, nothing recorded. */
-	load(f, 0, 1);
-	load(f, 2, 1);
+	btu_load(f, 0, 1);
+	btu_load(f, 2, 1);
 	assert_int_equal(pick_tokens(f, tok, 3), 1);
 	first = pick_tokens(f, tok, 10);
 	assert_int_equal(first, 1); /* nothing recorded before */
-	load(f, 1, 1);
+	btu_load(f, 1, 1);
 	/* Deepest boundary 8 hits holder 1 (load 1 is not over the gate). */
 	assert_int_equal(pick_tokens(f, tok, 10), 1);
 	/* Boundary 4 only is shared: still the holder of that key. */
 	assert_int_equal(pick_tokens(f, shallow, 10), 1);
 	/* Overloaded holder: hash_spill to the least loaded. */
-	load(f, 1, 6);
-	load(f, 0, 1);
+	btu_load(f, 1, 6);
+	btu_load(f, 0, 1);
 	assert_int_equal(pick_tokens(f, tok, 10), 2);
 	/* Tree-mode counter untouched by hash-mode decisions. */
-	assert_int_equal(branch(f, CA, "tree_match"), 0);
-	fx_free(f);
+	assert_int_equal(btu_branch(f, CA, "tree_match"), 0);
+	btu_fx_free(f);
 }
 
 static void
 test_decay_prefers_shorter_backlog(void **state)
 {
-	struct fx *f = fx_new("cache_aware");
+	struct btu_fx *f = btu_fx_flags_new("ca", "cache_aware");
 	int i;
 
 	(void)state;
-	f->bs.bs_overlap_decay = 1.0;
-	fx_start(f);
+	f->fx_bs.bs_overlap_decay = 1.0;
+	btu_fx_start_order(f);
 	/* Make 0 and 1 both holders: 0 first, 1 by a spill. */
-	load(f, 1, 1);
-	load(f, 2, 2);
+	btu_load(f, 1, 1);
+	btu_load(f, 2, 2);
 	assert_int_equal(pick_text(f, long_a), 0);
-	load(f, 0, 20);
+	btu_load(f, 0, 20);
 	assert_int_equal(pick_text(f, long_a), 1);
-	shm_inflight_reset_slot(f->br->br_shm, f->c[0]->wk_slot);
-	load(f, 0, 1);
+	shm_inflight_reset_slot(f->fx_br->br_shm, f->fx_c[0]->wk_slot);
+	btu_load(f, 0, 1);
 	/* Equal in-flight; 0 has a big uncached backlog: decay picks 1. */
-	load(f, 1, 1);
+	btu_load(f, 1, 1);
 	report(f, 0, 0.1, 100000);
 	report(f, 1, 0.1, 0);
 	for (i = 0; i < 10; i++)
 		assert_int_equal(pick_text(f, long_a), 1);
-	fx_free(f);
+	btu_fx_free(f);
 }
 
 /* A fresh conversation: 64 hex digits that share nothing to speak of. */
@@ -441,13 +332,13 @@ fresh_text(char *buf, size_t len, unsigned seed)
 static void
 test_new_conversations_spread(void **state)
 {
-	struct fx *f = fx_new("cache_aware");
+	struct btu_fx *f = btu_fx_flags_new("ca", "cache_aware");
 	unsigned got[3] = { 0, 0, 0 }, i;
 	char q[80];
 	int idx;
 
 	(void)state;
-	fx_start(f);
+	btu_fx_start_order(f);
 	/* Dark fleet, equal in-flight: uniform among the three. */
 	for (i = 0; i < 600; i++) {
 		fresh_text(q, sizeof(q), i);
@@ -457,7 +348,7 @@ test_new_conversations_spread(void **state)
 	}
 	for (i = 0; i < 3; i++)
 		assert_in_range(got[i], 150, 250);
-	assert_int_equal(branch(f, CA, "min_load_fallback"), 600);
+	assert_int_equal(btu_branch(f, CA, "min_load_fallback"), 600);
 	/* Equal reports: the credit of each dispatch spreads them evenly
 	 * between two polls, one each in turn. */
 	for (i = 0; i < 3; i++)
@@ -469,65 +360,66 @@ test_new_conversations_spread(void **state)
 	}
 	for (i = 0; i < 3; i++)
 		assert_int_equal(got[i], 100);
-	fx_free(f);
+	btu_fx_free(f);
 }
 
 static void
 test_holder_ties_uniform(void **state)
 {
-	struct fx *f = fx_new("cache_aware");
+	struct btu_fx *f = btu_fx_flags_new("ca", "cache_aware");
 	unsigned got[3] = { 0, 0, 0 }, i;
 
 	(void)state;
-	fx_start(f);
+	btu_fx_start_order(f);
 	for (i = 0; i < 3; i++)
-		policy_cache_aware_replay(f->br->br_default,
-		    BROKER_MODEL_UNKNOWN, 0, f->c[i], long_a, strlen(long_a));
+		policy_cache_aware_replay(f->fx_br->br_default,
+		    BROKER_MODEL_UNKNOWN, 0, f->fx_c[i], long_a,
+		    strlen(long_a));
 	for (i = 0; i < 3; i++)
-		load(f, i, 2);
+		btu_load(f, i, 2);
 	for (i = 0; i < 600; i++)
 		got[pick_text(f, long_a)]++;
 	for (i = 0; i < 3; i++)
 		assert_in_range(got[i], 150, 250);
-	assert_int_equal(branch(f, CA, "tree_match"), 600);
+	assert_int_equal(btu_branch(f, CA, "tree_match"), 600);
 	/* One holder less loaded: always it. */
-	load(f, 0, 1);
-	load(f, 2, 1);
+	btu_load(f, 0, 1);
+	btu_load(f, 2, 1);
 	for (i = 0; i < 20; i++)
 		assert_int_equal(pick_text(f, long_a), 1);
-	fx_free(f);
+	btu_fx_free(f);
 }
 
 static void
 test_spill_leaves_gated_holder(void **state)
 {
-	struct fx *f = fx_new("cache_aware");
+	struct btu_fx *f = btu_fx_flags_new("ca", "cache_aware");
 	int i, idx;
 
 	(void)state;
-	fx_start(f);
-	load(f, 1, 1);
-	load(f, 2, 1);
+	btu_fx_start_order(f);
+	btu_load(f, 1, 1);
+	btu_load(f, 2, 1);
 	assert_int_equal(pick_text(f, long_a), 0);
 	/* Holder 0 at 8, others 1: avg 10/3, gates 5 and 5.33: spill. Its
 	 * last report makes it the scorer's best (fast, nothing queued);
 	 * the spill still goes to a worker under the gate. */
-	load(f, 0, 7);
+	btu_load(f, 0, 7);
 	report_tp(f, 0, 0, 100000);
 	report_tp(f, 1, 4000, 1000);
 	report_tp(f, 2, 4000, 1000);
 	idx = pick_text(f, long_a);
 	assert_true(idx == 1 || idx == 2);
-	assert_int_equal(branch(f, CA, "spill"), 1);
+	assert_int_equal(btu_branch(f, CA, "spill"), 1);
 	/* The spill target now holds the prefix too: it is the least
 	 * loaded holder from then on. */
 	for (i = 0; i < 5; i++)
 		assert_int_equal(pick_text(f, long_a), idx);
-	assert_int_equal(branch(f, CA, "tree_match"), 5);
+	assert_int_equal(btu_branch(f, CA, "tree_match"), 5);
 	/* Outside a spill the scorer still prefers 0 for new text. */
 	assert_int_equal(pick_text(f, long_b), 0);
-	assert_int_equal(branch(f, CA, "min_load_fallback"), 2);
-	fx_free(f);
+	assert_int_equal(btu_branch(f, CA, "min_load_fallback"), 2);
+	btu_fx_free(f);
 }
 
 int

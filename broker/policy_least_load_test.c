@@ -8,7 +8,6 @@
  * the uniform random tie-break.
  */
 #define _XOPEN_SOURCE 700
-#include <ftw.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -23,17 +22,8 @@
 #include "shared/shm.h"
 
 #include "broker/broker.h"
+#include "broker/broker_testutil.h"
 #include "broker/scorer.h"
-
-struct fx {
-	char dir[64];
-	char run[128];
-	char state[128];
-	struct broker_settings bs;
-	struct broker_startup_worker sw[3];
-	struct ev_loop *loop;
-	struct broker *br;
-};
 
 struct rank {
 	int64_t waiting;
@@ -42,49 +32,23 @@ struct rank {
 	double usage;
 };
 
-static int rm_cb(const char *path, const struct stat *sb, int flag,
-    struct FTW *ftw);
-
-static int
-rm_cb(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
-{
-	(void)sb;
-	(void)flag;
-	(void)ftw;
-	return remove(path);
-}
-
 static int
 fx_setup(void **state)
 {
-	struct fx *f = calloc(1, sizeof(*f));
+	struct btu_fx *f = btu_fx_new("ll", "least_load");
 
-	snprintf(f->dir, sizeof(f->dir), "/tmp/smg-ll-test.XXXXXX");
-	if (mkdtemp(f->dir) == NULL)
+	if (f == NULL)
 		return -1;
-	snprintf(f->run, sizeof(f->run), "%s/run", f->dir);
-	snprintf(f->state, sizeof(f->state), "%s/state", f->dir);
-	f->bs.bs_state_dir = f->state;
-	f->bs.bs_run_dir = f->run;
-	f->bs.bs_policy = "least_load";
-	f->bs.bs_cb_failure_threshold = 5;
-	f->bs.bs_cb_success_threshold = 1;
-	f->bs.bs_cb_timeout_secs = 60;
-	f->bs.bs_health_failure_threshold = 2;
-	f->bs.bs_health_success_threshold = 2;
-	f->bs.bs_disable_health_check = true; /* workers start Ready */
-	f->bs.bs_load_monitor_interval = 1;
+	f->fx_bs.bs_cb_failure_threshold = 5;
+	f->fx_bs.bs_health_failure_threshold = 2;
+	f->fx_bs.bs_health_success_threshold = 2;
+	f->fx_bs.bs_load_monitor_interval = 1;
 	/* The CLI defaults, as main.c fills them. */
-	f->bs.bs_ll_kv_pressure_weight = 0.15;
-	f->bs.bs_ll_default_throughput = 2000.0;
-	f->bs.bs_ll_mean_prefill_tokens = 1024;
-	f->bs.bs_ll_max_waiting_requests = 0;
-	f->sw[0] = (struct broker_startup_worker) { "http://a:1", 0, -1 };
-	f->sw[1] = (struct broker_startup_worker) { "http://b:2", 0, -1 };
-	f->sw[2] = (struct broker_startup_worker) { "http://c:3", 0, -1 };
-	f->bs.bs_workers = f->sw;
-	f->bs.bs_nworkers = 2;
-	f->loop = ev_default_loop(0);
+	f->fx_bs.bs_ll_kv_pressure_weight = 0.15;
+	f->fx_bs.bs_ll_default_throughput = 2000.0;
+	f->fx_bs.bs_ll_mean_prefill_tokens = 1024;
+	f->fx_bs.bs_ll_max_waiting_requests = 0;
+	f->fx_bs.bs_nworkers = 2;
 	*state = f;
 	return 0;
 }
@@ -92,27 +56,14 @@ fx_setup(void **state)
 static int
 fx_teardown(void **state)
 {
-	struct fx *f = *state;
-
-	server_free(f->br);
-	shm_unlink_segment(f->run);
-	nftw(f->dir, rm_cb, 8, FTW_DEPTH | FTW_PHYS);
-	free(f);
+	btu_fx_free(*state);
 	return 0;
 }
 
-static struct broker *
-fx_start(struct fx *f)
-{
-	f->br = server_new(f->loop, &f->bs, false);
-	assert_non_null(f->br);
-	return f->br;
-}
-
 static struct worker *
-fx_worker(struct fx *f, const char *url)
+fx_worker(struct btu_fx *f, const char *url)
 {
-	struct worker *w = registry_find(f->br, url);
+	struct worker *w = registry_find(f->fx_br, url);
 
 	assert_non_null(w);
 	return w;
@@ -120,7 +71,7 @@ fx_worker(struct fx *f, const char *url)
 
 /* One LoadReport of one rank, as the poller sends it. */
 static void
-fx_load(struct fx *f, const char *url, const struct rank *k)
+fx_load(struct btu_fx *f, const char *url, const struct rank *k)
 {
 	Smg__PollerMsg m = SMG__POLLER_MSG__INIT;
 	Smg__LoadReport l = SMG__LOAD_REPORT__INIT;
@@ -144,13 +95,13 @@ fx_load(struct fx *f, const char *url, const struct rank *k)
 	m.load = &l;
 	m.version = IPC_VERSION;
 	buf = ipc_pack_poller(&m, &len);
-	server_poller(f->br, buf, len);
+	server_poller(f->fx_br, buf, len);
 	free(buf);
 }
 
 /* One decision; returns the worker URL's host letter, or '5' for 503. */
 static char
-fx_route(struct fx *f, const uint32_t *tokens, size_t ntokens)
+fx_route(struct btu_fx *f, const uint32_t *tokens, size_t ntokens)
 {
 	Smg__RouteRequest rq = SMG__ROUTE_REQUEST__INIT;
 	Smg__Decision d = SMG__DECISION__INIT;
@@ -163,7 +114,7 @@ fx_route(struct fx *f, const uint32_t *tokens, size_t ntokens)
 		rq.n_tokens = ntokens;
 		rq.has_tokens = true;
 	}
-	route_one(f->br, &rq, &d, msg, sizeof(msg));
+	route_one(f->fx_br, &rq, &d, msg, sizeof(msg));
 	if (d.status != SMG__DECISION_STATUS__DECISION_OK) {
 		assert_int_equal(d.http_status, 503);
 		assert_string_equal(d.error_code, "no_available_workers");
@@ -176,12 +127,12 @@ fx_route(struct fx *f, const uint32_t *tokens, size_t ntokens)
 static void
 test_worked_numbers_and_credit(void **state)
 {
-	struct fx *f = *state;
+	struct btu_fx *f = *state;
 	struct rank a = { 0, 8000, 100, 0.2 }, b = { 0, 1000, 100, 0.2 };
 	uint64_t tok, req;
 	int i;
 
-	fx_start(f);
+	btu_fx_start(f);
 	fx_load(f, "http://a:1", &a);
 	fx_load(f, "http://b:2", &b);
 	/*
@@ -193,7 +144,7 @@ test_worked_numbers_and_credit(void **state)
 		assert_int_equal(fx_route(f, NULL, 0), 'b');
 	assert_int_equal(fx_route(f, NULL, 0), 'a');
 	assert_int_equal(
-	    scorer_credit(policy_least_load_scorer(f->br->br_default),
+	    scorer_credit(policy_least_load_scorer(f->fx_br->br_default),
 	        fx_worker(f, "http://b:2")->wk_url_hash, &tok, &req),
 	    0);
 	assert_int_equal(tok, 7 * 1024);
@@ -206,12 +157,12 @@ test_worked_numbers_and_credit(void **state)
 static void
 test_token_count_credit(void **state)
 {
-	struct fx *f = *state;
+	struct btu_fx *f = *state;
 	struct rank a = { 0, 2000, 100, 0 }, b = { 0, 1000, 100, 0 };
 	uint32_t toks[600];
 	uint64_t tok, req;
 
-	fx_start(f);
+	btu_fx_start(f);
 	memset(toks, 0, sizeof(toks));
 	fx_load(f, "http://a:1", &a);
 	fx_load(f, "http://b:2", &b);
@@ -220,7 +171,7 @@ test_token_count_credit(void **state)
 	assert_int_equal(fx_route(f, toks, 600), 'b'); /* b -> 22 s */
 	assert_int_equal(fx_route(f, toks, 600), 'a');
 	assert_int_equal(
-	    scorer_credit(policy_least_load_scorer(f->br->br_default),
+	    scorer_credit(policy_least_load_scorer(f->fx_br->br_default),
 	        fx_worker(f, "http://b:2")->wk_url_hash, &tok, &req),
 	    0);
 	assert_int_equal(tok, 1200);
@@ -229,11 +180,11 @@ test_token_count_credit(void **state)
 static void
 test_waiting_only_and_zero_throughput(void **state)
 {
-	struct fx *f = *state;
+	struct btu_fx *f = *state;
 	struct rank a = { 64, 0, 100, 0 }, b = { 0, 60000, 100, 0 };
 	struct rank c = { 0, 10000, 0, 0 }, d = { 0, 1000, 0, 0 };
 
-	fx_start(f);
+	btu_fx_start(f);
 	/* a: 64 waiting, no token count: 64 x 1024 / 100 = 655.36 s;
 	 * b: 60000 / 100 = 600 s. */
 	fx_load(f, "http://a:1", &a);
@@ -248,12 +199,12 @@ test_waiting_only_and_zero_throughput(void **state)
 static void
 test_waiting_cap(void **state)
 {
-	struct fx *f = *state;
+	struct btu_fx *f = *state;
 	struct rank busy = { 64, 100, 100, 0 }, idle = { 0, 50000, 100, 0 };
 	struct rank edge = { 47, 0, 1e9, 0 };
 
-	f->bs.bs_ll_max_waiting_requests = 48;
-	fx_start(f);
+	f->fx_bs.bs_ll_max_waiting_requests = 48;
+	btu_fx_start(f);
 	/* a would score 1 s, b 500 s, but a is over the cap. */
 	fx_load(f, "http://a:1", &busy);
 	fx_load(f, "http://b:2", &idle);
@@ -270,12 +221,12 @@ test_waiting_cap(void **state)
 static void
 test_cap_single_worker(void **state)
 {
-	struct fx *f = *state;
+	struct btu_fx *f = *state;
 	struct rank busy = { 64, 100, 100, 0 };
 
-	f->bs.bs_ll_max_waiting_requests = 48;
-	f->bs.bs_nworkers = 1;
-	fx_start(f);
+	f->fx_bs.bs_ll_max_waiting_requests = 48;
+	f->fx_bs.bs_nworkers = 1;
+	btu_fx_start(f);
 	/* A worker without a report is never capped. */
 	assert_int_equal(fx_route(f, NULL, 0), 'a');
 	fx_load(f, "http://a:1", &busy);
@@ -286,12 +237,12 @@ test_cap_single_worker(void **state)
 static void
 test_stale_report_counts_as_missing(void **state)
 {
-	struct fx *f = *state;
+	struct btu_fx *f = *state;
 	struct rank a = { 0, 100000, 100, 0 }, b = { 0, 100, 100, 0 };
 	struct worker *wa, *wb;
 	int i, na = 0;
 
-	fx_start(f);
+	btu_fx_start(f);
 	fx_load(f, "http://a:1", &a);
 	fx_load(f, "http://b:2", &b);
 	assert_int_equal(fx_route(f, NULL, 0), 'b');
@@ -300,18 +251,18 @@ test_stale_report_counts_as_missing(void **state)
 	wb = fx_worker(f, "http://b:2");
 	wa->wk_load.wl_received_ms = shm_now_ms() - 3100;
 	wb->wk_load.wl_received_ms = shm_now_ms() - 3100;
-	policy_notify_report(f->br, wa);
-	policy_notify_report(f->br, wb);
-	shm_inflight_inc(f->br->br_shm, 0, wb->wk_slot);
+	policy_notify_report(f->fx_br, wa);
+	policy_notify_report(f->fx_br, wb);
+	shm_inflight_inc(f->fx_br->br_shm, 0, wb->wk_slot);
 	for (i = 0; i < 20; i++)
 		na += fx_route(f, NULL, 0) == 'a';
 	assert_int_equal(na, 20);
-	shm_inflight_dec(f->br->br_shm, 0, wb->wk_slot);
+	shm_inflight_dec(f->fx_br->br_shm, 0, wb->wk_slot);
 	/* Inside the window the reports still count. */
 	wa->wk_load.wl_received_ms = shm_now_ms() - 2900;
 	wb->wk_load.wl_received_ms = shm_now_ms() - 2900;
-	policy_notify_report(f->br, wa);
-	policy_notify_report(f->br, wb);
+	policy_notify_report(f->fx_br, wa);
+	policy_notify_report(f->fx_br, wb);
 	for (i = 0; i < 20; i++)
 		assert_int_equal(fx_route(f, NULL, 0), 'b');
 }
@@ -319,12 +270,12 @@ test_stale_report_counts_as_missing(void **state)
 static void
 test_non_reporting_peer(void **state)
 {
-	struct fx *f = *state;
+	struct btu_fx *f = *state;
 	struct rank a = { 0, 500, 100, 0 };
 	struct worker *wb;
 	int i, nb = 0;
 
-	fx_start(f);
+	btu_fx_start(f);
 	/*
 	 * b never reported: idle, it scores the best reporter's score plus
 	 * 0 x p̄ / nominal, an exact tie with a, broken at random (a's
@@ -338,23 +289,23 @@ test_non_reporting_peer(void **state)
 	/* b busy: 3 in flight = 3 x 1024/100 s over the best reporter. */
 	fx_load(f, "http://a:1", &a);
 	for (i = 0; i < 3; i++)
-		shm_inflight_inc(f->br->br_shm, 0, wb->wk_slot);
+		shm_inflight_inc(f->fx_br->br_shm, 0, wb->wk_slot);
 	assert_int_equal(fx_route(f, NULL, 0), 'a');
 	assert_int_equal(fx_route(f, NULL, 0), 'a');
 	assert_int_equal(fx_route(f, NULL, 0), 'a');
 	for (i = 0; i < 3; i++)
-		shm_inflight_dec(f->br->br_shm, 0, wb->wk_slot);
+		shm_inflight_dec(f->fx_br->br_shm, 0, wb->wk_slot);
 }
 
 static void
 test_dark_ties_are_uniform(void **state)
 {
-	struct fx *f = *state;
+	struct btu_fx *f = *state;
 	int counts[3] = { 0, 0, 0 }, i;
 	struct worker *wc;
 
-	f->bs.bs_nworkers = 3;
-	fx_start(f);
+	f->fx_bs.bs_nworkers = 3;
+	btu_fx_start(f);
 	for (i = 0; i < 3000; i++)
 		counts[fx_route(f, NULL, 0) - 'a']++;
 	/* Expected 1000 each; 5 sigma is about 130. */
@@ -362,8 +313,10 @@ test_dark_ties_are_uniform(void **state)
 		assert_true(counts[i] > 850 && counts[i] < 1150);
 	/* Fewest in flight wins outright. */
 	wc = fx_worker(f, "http://c:3");
-	shm_inflight_inc(f->br->br_shm, 0, fx_worker(f, "http://a:1")->wk_slot);
-	shm_inflight_inc(f->br->br_shm, 0, fx_worker(f, "http://b:2")->wk_slot);
+	shm_inflight_inc(f->fx_br->br_shm, 0,
+	    fx_worker(f, "http://a:1")->wk_slot);
+	shm_inflight_inc(f->fx_br->br_shm, 0,
+	    fx_worker(f, "http://b:2")->wk_slot);
 	for (i = 0; i < 10; i++)
 		assert_int_equal(fx_route(f, NULL, 0), 'c');
 	(void)wc;
@@ -372,30 +325,30 @@ test_dark_ties_are_uniform(void **state)
 static void
 test_flags_and_removal(void **state)
 {
-	struct fx *f = *state;
+	struct btu_fx *f = *state;
 	struct rank a = { 0, 100, 100, 0.98 }, b = { 0, 9000, 100, 0 };
 	struct worker *wa;
 	uint64_t tok, req, ida;
 
 	/* λ = 2: a's KV barrier 2 x 0.98 / 0.02 = 98 s + 1 s > b's 90 s. */
-	f->bs.bs_ll_kv_pressure_weight = 2.0;
-	fx_start(f);
+	f->fx_bs.bs_ll_kv_pressure_weight = 2.0;
+	btu_fx_start(f);
 	assert_true(
-	    scorer_get_tunables(policy_least_load_scorer(f->br->br_default))
+	    scorer_get_tunables(policy_least_load_scorer(f->fx_br->br_default))
 	        ->st_kv_pressure_weight == 2.0);
 	fx_load(f, "http://a:1", &a);
 	fx_load(f, "http://b:2", &b);
 	assert_int_equal(fx_route(f, NULL, 0), 'b');
 	wa = fx_worker(f, "http://a:1");
 	assert_int_equal(
-	    scorer_credit(policy_least_load_scorer(f->br->br_default),
+	    scorer_credit(policy_least_load_scorer(f->fx_br->br_default),
 	        wa->wk_url_hash, &tok, &req),
 	    0);
 	/* Removal forgets the worker's report and credit. */
 	ida = wa->wk_url_hash;
-	registry_remove(f->br, wa);
+	registry_remove(f->fx_br, wa);
 	assert_int_equal(
-	    scorer_credit(policy_least_load_scorer(f->br->br_default), ida,
+	    scorer_credit(policy_least_load_scorer(f->fx_br->br_default), ida,
 	        &tok, &req),
 	    -1);
 	/* The remaining worker is the only candidate (no cap): it. */
@@ -405,17 +358,17 @@ test_flags_and_removal(void **state)
 static void
 test_power_of_two(void **state)
 {
-	struct fx *f = *state;
+	struct btu_fx *f = *state;
 	struct rank busy = { 64, 100, 100, 0 }, idle = { 0, 50000, 100, 0 };
 	const struct scorer_tunables *t;
 	int i, seen[3] = { 0, 0, 0 };
 
-	f->bs.bs_policy = "power_of_two";
-	f->bs.bs_ll_max_waiting_requests = 48;
-	f->bs.bs_ll_kv_pressure_weight = 3.0;
-	fx_start(f);
+	f->fx_bs.bs_policy = "power_of_two";
+	f->fx_bs.bs_ll_max_waiting_requests = 48;
+	f->fx_bs.bs_ll_kv_pressure_weight = 3.0;
+	btu_fx_start(f);
 	/* The --least-load-* flags do not reach power_of_two. */
-	t = scorer_get_tunables(policy_least_load_scorer(f->br->br_default));
+	t = scorer_get_tunables(policy_least_load_scorer(f->fx_br->br_default));
 	assert_true(t->st_kv_pressure_weight == 0.15);
 	assert_int_equal(t->st_max_waiting_requests, 0);
 	/* Two workers: the pair is both; a (1 s) beats b (500 s). */
@@ -425,10 +378,10 @@ test_power_of_two(void **state)
 	/* No cap: both "capped" by least_load's rule still get traffic. */
 	fx_load(f, "http://b:2", &busy);
 	assert_true(fx_route(f, NULL, 0) != '5');
-	server_free(f->br);
+	server_free(f->fx_br);
 	/* Three dark workers: every worker is drawn. */
-	f->bs.bs_nworkers = 3;
-	fx_start(f);
+	f->fx_bs.bs_nworkers = 3;
+	btu_fx_start(f);
 	for (i = 0; i < 300; i++)
 		seen[fx_route(f, NULL, 0) - 'a']++;
 	for (i = 0; i < 3; i++)

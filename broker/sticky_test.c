@@ -7,7 +7,6 @@
  * broker restart (persist.c).
  */
 #define _XOPEN_SOURCE 700
-#include <ftw.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -20,125 +19,15 @@
 #include <cmocka.h>
 
 #include "shared/config.h"
-#include "shared/metrics.h"
 #include "shared/shm.h"
 
 #include "broker/broker.h"
-
-struct fx {
-	char dir[64];
-	char run[128];
-	char state[128];
-	struct broker_settings bs;
-	struct broker_startup_worker sw[3];
-	uint32_t bounds[2];
-	struct ev_loop *loop;
-	struct broker *br;
-	struct worker *c[3];
-};
-
-static int rm_cb(const char *path, const struct stat *sb, int flag,
-    struct FTW *ftw);
-
-static int
-rm_cb(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
-{
-	(void)sb;
-	(void)flag;
-	(void)ftw;
-	return remove(path);
-}
-
-static struct fx *
-fx_new(const char *policy)
-{
-	struct fx *f = calloc(1, sizeof(*f));
-
-	snprintf(f->dir, sizeof(f->dir), "/tmp/smg-sticky-test.XXXXXX");
-	assert_non_null(mkdtemp(f->dir));
-	snprintf(f->run, sizeof(f->run), "%s/run", f->dir);
-	snprintf(f->state, sizeof(f->state), "%s/state", f->dir);
-	f->bs.bs_state_dir = f->state;
-	f->bs.bs_run_dir = f->run;
-	f->bs.bs_policy = policy;
-	f->bs.bs_cb_failure_threshold = 5;
-	f->bs.bs_cb_success_threshold = 1;
-	f->bs.bs_cb_timeout_secs = 60;
-	f->bs.bs_disable_health_check = true;
-	f->bs.bs_load_monitor_interval = 0; /* reports never age */
-	f->sw[0] = (struct broker_startup_worker) { "http://a:1", 0, -1 };
-	f->sw[1] = (struct broker_startup_worker) { "http://b:2", 0, -1 };
-	f->sw[2] = (struct broker_startup_worker) { "http://c:3", 0, -1 };
-	f->bs.bs_workers = f->sw;
-	f->bs.bs_nworkers = 3;
-	f->bs.bs_policy_flags = true;
-	f->bs.bs_cache_threshold = 0.5;
-	f->bs.bs_balance_abs_threshold = 2;
-	f->bs.bs_balance_rel_threshold = 1.5;
-	f->bs.bs_balance_token_usage_threshold = 1.0;
-	f->bs.bs_overload_token_usage_threshold = 1.0;
-	f->bs.bs_eviction_interval = 1;
-	f->bs.bs_max_tree_size = 1000;
-	f->bs.bs_block_size = 4;
-	f->bs.bs_cache_ttl_secs = 180;
-	f->bs.bs_max_idle_secs = 3600;
-	f->bs.bs_prefix_token_count = 256;
-	f->bs.bs_prefix_hash_load_factor = 1.25;
-	f->bs.bs_prefix_hash_abs_threshold = 10;
-	f->bounds[0] = 4;
-	f->bounds[1] = 8;
-	f->loop = ev_default_loop(0);
-	return f;
-}
-
-static void
-fx_start(struct fx *f)
-{
-	unsigned i;
-
-	f->br = server_new(f->loop, &f->bs, false);
-	assert_non_null(f->br);
-	assert_int_equal(f->br->br_nworkers, 3);
-	for (i = 0; i < 3; i++)
-		f->c[i] = f->br->br_order[i];
-}
-
-static void
-fx_free(struct fx *f)
-{
-	server_free(f->br);
-	shm_unlink_segment(f->run);
-	nftw(f->dir, rm_cb, 8, FTW_DEPTH | FTW_PHYS);
-	free(f);
-}
-
-static void
-load(struct fx *f, unsigned i, unsigned n)
-{
-	while (n-- > 0)
-		shm_inflight_inc(f->br->br_shm, 0, f->c[i]->wk_slot);
-}
-
-/* Value of family{branch="b"} in the metrics text, 0 when absent. */
-static long
-branch(struct fx *f, const char *family, const char *b)
-{
-	char *out = NULL, pat[160], *p;
-	size_t len;
-	long v = 0;
-
-	assert_int_equal(metrics_render(f->br->br_shm, &out, &len), 0);
-	snprintf(pat, sizeof(pat), "%s{branch=\"%s\"} ", family, b);
-	if ((p = strstr(out, pat)) != NULL)
-		v = strtol(p + strlen(pat), NULL, 10);
-	free(out);
-	return v;
-}
+#include "broker/broker_testutil.h"
 
 #define MANUAL "smg_manual_policy_branch_total"
 
 static int
-route(struct fx *f, const char *key, const char *rid, int leg)
+route(struct btu_fx *f, const char *key, const char *rid, int leg)
 {
 	Smg__RouteRequest rq = SMG__ROUTE_REQUEST__INIT;
 	Smg__Decision d = SMG__DECISION__INIT;
@@ -151,25 +40,25 @@ route(struct fx *f, const char *key, const char *rid, int leg)
 	rq.has_text = true;
 	rq.leg = (Smg__Leg)leg;
 	rq.model = (char *)"";
-	route_one(f->br, &rq, &d, msg, sizeof(msg));
+	route_one(f->fx_br, &rq, &d, msg, sizeof(msg));
 	if (d.status != SMG__DECISION_STATUS__DECISION_OK)
 		return -1;
 	for (i = 0; i < 3; i++)
-		if (f->c[i]->wk_slot == d.worker_slot)
+		if (f->fx_c[i]->wk_slot == d.worker_slot)
 			return (int)i;
 	return -1;
 }
 
 static void
-finish(struct fx *f, unsigned i, const char *key)
+finish(struct btu_fx *f, unsigned i, const char *key)
 {
 	Smg__Outcome o = SMG__OUTCOME__INIT;
 
-	o.worker_slot = f->c[i]->wk_slot;
-	o.worker_generation = f->c[i]->wk_generation;
+	o.worker_slot = f->fx_c[i]->wk_slot;
+	o.worker_generation = f->fx_c[i]->wk_generation;
 	o.http_status = 200;
 	o.sticky_key = (char *)(key != NULL ? key : "");
-	route_outcome(f->br, &o);
+	route_outcome(f->fx_br, &o);
 }
 
 static void
@@ -194,180 +83,181 @@ test_strip(void **state)
 static void
 test_manual_branches(void **state)
 {
-	struct fx *f = fx_new("manual");
+	struct btu_fx *f = btu_fx_flags_new("sticky", "manual");
 	int a, i;
 
 	(void)state;
-	f->bs.bs_assignment_mode = ASSIGNMENT_MODE_MIN_LOAD;
-	f->bs.bs_assignment_mode_set = true;
-	fx_start(f);
-	load(f, 0, 2);
-	load(f, 2, 1);
+	f->fx_bs.bs_assignment_mode = ASSIGNMENT_MODE_MIN_LOAD;
+	f->fx_bs.bs_assignment_mode_set = true;
+	btu_fx_start_order(f);
+	btu_load(f, 0, 2);
+	btu_load(f, 2, 1);
 	/* No key: picked by mode, nothing stored. */
 	assert_int_equal(route(f, NULL, NULL, 0), 1);
-	assert_int_equal(branch(f, MANUAL, "no_routing_id"), 1);
+	assert_int_equal(btu_branch(f, MANUAL, "no_routing_id"), 1);
 	/* New key: min_load picks 1 and pins it. */
 	a = route(f, "alice", NULL, 0);
 	assert_int_equal(a, 1);
-	assert_int_equal(branch(f, MANUAL, "vacant"), 1);
+	assert_int_equal(btu_branch(f, MANUAL, "vacant"), 1);
 	/* The pin holds whatever the loads. */
-	load(f, 1, 10);
+	btu_load(f, 1, 10);
 	for (i = 0; i < 3; i++)
 		assert_int_equal(route(f, "alice", NULL, 0), 1);
-	assert_int_equal(branch(f, MANUAL, "occupied_hit"), 3);
+	assert_int_equal(btu_branch(f, MANUAL, "occupied_hit"), 3);
 	/* Pinned worker unavailable: reassigned, appended. */
-	f->c[1]->wk_status = SHM_WORKER_NOT_READY;
+	f->fx_c[1]->wk_status = SHM_WORKER_NOT_READY;
 	assert_int_equal(route(f, "alice", NULL, 0), 2);
-	assert_int_equal(branch(f, MANUAL, "occupied_miss"), 1);
+	assert_int_equal(btu_branch(f, MANUAL, "occupied_miss"), 1);
 	/* It recovers: first in the list again. */
-	f->c[1]->wk_status = SHM_WORKER_READY;
+	f->fx_c[1]->wk_status = SHM_WORKER_READY;
 	assert_int_equal(route(f, "alice", NULL, 0), 1);
 	/* The map holds the bare key (single leg). */
 	assert_non_null(
-	    sticky_map_get(policy_manual_map(f->br->br_default), "alice"));
-	fx_free(f);
+	    sticky_map_get(policy_manual_map(f->fx_br->br_default), "alice"));
+	btu_fx_free(f);
 }
 
 static void
 test_manual_min_group_and_eviction(void **state)
 {
-	struct fx *f = fx_new("manual");
+	struct btu_fx *f = btu_fx_flags_new("sticky", "manual");
 	struct sticky_pin *pin;
 
 	(void)state;
-	f->bs.bs_assignment_mode = ASSIGNMENT_MODE_MIN_GROUP;
-	f->bs.bs_assignment_mode_set = true;
-	f->bs.bs_max_idle_secs = 10;
-	fx_start(f);
+	f->fx_bs.bs_assignment_mode = ASSIGNMENT_MODE_MIN_GROUP;
+	f->fx_bs.bs_assignment_mode_set = true;
+	f->fx_bs.bs_max_idle_secs = 10;
+	btu_fx_start_order(f);
 	/* Two keys in flight on 0, one on 1: a new key goes to 2. */
-	sticky_dispatched(f->br, "x", f->c[0]);
-	sticky_dispatched(f->br, "y", f->c[0]);
-	sticky_dispatched(f->br, "z", f->c[1]);
-	load(f, 0, 2);
-	load(f, 1, 1);
-	assert_int_equal(sticky_keys_on(f->br, f->c[0]), 2);
+	sticky_dispatched(f->fx_br, "x", f->fx_c[0]);
+	sticky_dispatched(f->fx_br, "y", f->fx_c[0]);
+	sticky_dispatched(f->fx_br, "z", f->fx_c[1]);
+	btu_load(f, 0, 2);
+	btu_load(f, 1, 1);
+	assert_int_equal(sticky_keys_on(f->fx_br, f->fx_c[0]), 2);
 	assert_int_equal(route(f, "newkey", NULL, 0), 2);
 	/* Idle eviction: an entry older than max_idle goes away. */
-	pin = sticky_map_get(policy_manual_map(f->br->br_default), "newkey");
+	pin = sticky_map_get(policy_manual_map(f->fx_br->br_default), "newkey");
 	assert_non_null(pin);
 	pin->sp_last_ms -= 11000;
-	policy_sweep_all(f->br, shm_now_ms() + 1000000);
+	policy_sweep_all(f->fx_br, shm_now_ms() + 1000000);
 	assert_null(
-	    sticky_map_get(policy_manual_map(f->br->br_default), "newkey"));
-	fx_free(f);
+	    sticky_map_get(policy_manual_map(f->fx_br->br_default), "newkey"));
+	btu_fx_free(f);
 }
 
 static void
 test_sticky_overlay(void **state)
 {
-	struct fx *f = fx_new("round_robin");
+	struct btu_fx *f = btu_fx_flags_new("sticky", "round_robin");
 	int p, q;
 
 	(void)state;
-	f->bs.bs_routing_key_override = true;
-	fx_start(f);
+	f->fx_bs.bs_routing_key_override = true;
+	btu_fx_start_order(f);
 	/* vacant: delegated to round_robin, pinned. */
 	p = route(f, "sess_t1", NULL, 0);
 	assert_true(p >= 0);
-	assert_int_equal(branch(f, MANUAL, "vacant"), 1);
+	assert_int_equal(btu_branch(f, MANUAL, "vacant"), 1);
 	/* Lineage-stripped header key: the same pin; in flight now 2. */
 	assert_int_equal(route(f, "sess_t2", NULL, 0), p);
-	assert_int_equal(branch(f, MANUAL, "occupied_hit"), 1);
-	load(f, (unsigned)p, 2);
+	assert_int_equal(btu_branch(f, MANUAL, "occupied_hit"), 1);
+	btu_load(f, (unsigned)p, 2);
 	/* Two in flight for the key: cap_respill moves the pin. */
 	q = route(f, "sess", NULL, 0);
 	assert_true(q >= 0 && q != p);
-	assert_int_equal(branch(f, MANUAL, "cap_respill"), 1);
+	assert_int_equal(btu_branch(f, MANUAL, "cap_respill"), 1);
 	/* The outcomes end them (named keys: exact accounting). */
 	finish(f, (unsigned)p, "sess");
 	finish(f, (unsigned)p, "sess");
-	assert_int_equal(sticky_inflight_get(f->br, "sess", f->c[p]), 0);
+	assert_int_equal(sticky_inflight_get(f->fx_br, "sess", f->fx_c[p]), 0);
 	assert_int_equal(route(f, "sess", NULL, 0), q);
 	/* Both pinned workers unavailable: occupied_miss to the third. */
-	f->c[q]->wk_status = SHM_WORKER_NOT_READY;
-	f->c[p]->wk_status = SHM_WORKER_NOT_READY;
+	f->fx_c[q]->wk_status = SHM_WORKER_NOT_READY;
+	f->fx_c[p]->wk_status = SHM_WORKER_NOT_READY;
 	assert_int_equal(route(f, "sess", NULL, 0), 3 - p - q);
-	assert_int_equal(branch(f, MANUAL, "occupied_miss"), 1);
-	f->c[q]->wk_status = SHM_WORKER_READY;
-	f->c[p]->wk_status = SHM_WORKER_READY;
+	assert_int_equal(btu_branch(f, MANUAL, "occupied_miss"), 1);
+	f->fx_c[q]->wk_status = SHM_WORKER_READY;
+	f->fx_c[p]->wk_status = SHM_WORKER_READY;
 	/* rid wins over the header; PD legs are namespaced. */
 	p = route(f, "other", "conv9", 0);
-	assert_non_null(sticky_map_get(sticky_global_map(f->br), "conv9"));
+	assert_non_null(sticky_map_get(sticky_global_map(f->fx_br), "conv9"));
 	(void)route(f, "other", "conv9", SMG__LEG__LEG_PREFILL);
-	assert_null(sticky_map_get(sticky_global_map(f->br), "other"));
-	fx_free(f);
+	assert_null(sticky_map_get(sticky_global_map(f->fx_br), "other"));
+	btu_fx_free(f);
 }
 
 /* Outcome with its key (and optionally no breaker sample). */
 static void
-finish_as(struct fx *f, unsigned i, const char *key, uint32_t status,
+finish_as(struct btu_fx *f, unsigned i, const char *key, uint32_t status,
     bool no_sample)
 {
 	Smg__Outcome o = SMG__OUTCOME__INIT;
 
-	o.worker_slot = f->c[i]->wk_slot;
-	o.worker_generation = f->c[i]->wk_generation;
+	o.worker_slot = f->fx_c[i]->wk_slot;
+	o.worker_generation = f->fx_c[i]->wk_generation;
 	o.http_status = status;
 	o.sticky_key = (char *)(key != NULL ? key : "");
 	o.no_breaker_sample = no_sample;
-	route_outcome(f->br, &o);
+	route_outcome(f->fx_br, &o);
 }
 
 static void
 test_inflight_exact(void **state)
 {
-	struct fx *f = fx_new("round_robin");
+	struct btu_fx *f = btu_fx_flags_new("sticky", "round_robin");
 	int p, q, i;
 
 	(void)state;
-	f->bs.bs_routing_key_override = true;
-	fx_start(f);
+	f->fx_bs.bs_routing_key_override = true;
+	btu_fx_start_order(f);
 	/* Two keyed and one unkeyed request on the pinned worker. */
 	p = route(f, "conv_t1", NULL, 0);
 	assert_true(p >= 0);
 	assert_int_equal(route(f, NULL, NULL, 0) >= 0, 1);
 	assert_int_equal(route(f, "conv_t2", NULL, 0), p);
-	load(f, (unsigned)p, 3);
-	assert_int_equal(sticky_inflight_get(f->br, "conv", f->c[p]), 2);
+	btu_load(f, (unsigned)p, 3);
+	assert_int_equal(sticky_inflight_get(f->fx_br, "conv", f->fx_c[p]), 2);
 	/* An unkeyed outcome ends nothing of the key. */
 	finish_as(f, (unsigned)p, NULL, 200, false);
-	assert_int_equal(sticky_inflight_get(f->br, "conv", f->c[p]), 2);
+	assert_int_equal(sticky_inflight_get(f->fx_br, "conv", f->fx_c[p]), 2);
 	/* The cap: the third goes elsewhere. */
 	q = route(f, "conv", NULL, 0);
 	assert_true(q >= 0 && q != p);
-	assert_int_equal(branch(f, MANUAL, "cap_respill"), 1);
+	assert_int_equal(btu_branch(f, MANUAL, "cap_respill"), 1);
 	/* The client of one went away: no breaker sample, key ends. */
 	for (i = 0; i < 6; i++)
 		finish_as(f, (unsigned)q, "conv", 500, true);
-	assert_int_equal(f->c[q]->wk_cb.cb_state, SHM_BREAKER_CLOSED);
-	assert_int_equal(sticky_inflight_get(f->br, "conv", f->c[q]), 0);
+	assert_int_equal(f->fx_c[q]->wk_cb.cb_state, SHM_BREAKER_CLOSED);
+	assert_int_equal(sticky_inflight_get(f->fx_br, "conv", f->fx_c[q]), 0);
 	finish_as(f, (unsigned)p, "conv", 0, true);
-	assert_int_equal(sticky_inflight_get(f->br, "conv", f->c[p]), 1);
+	assert_int_equal(sticky_inflight_get(f->fx_br, "conv", f->fx_c[p]), 1);
 	finish_as(f, (unsigned)p, "conv", 200, false);
-	assert_int_equal(sticky_inflight_get(f->br, "conv", f->c[p]), 0);
-	assert_int_equal(sticky_keys_on(f->br, f->c[p]), 0);
+	assert_int_equal(sticky_inflight_get(f->fx_br, "conv", f->fx_c[p]), 0);
+	assert_int_equal(sticky_keys_on(f->fx_br, f->fx_c[p]), 0);
 	/* Outcomes with samples still feed the breaker. */
 	for (i = 0; i < 5; i++)
 		finish_as(f, (unsigned)p, "", 500, false);
-	assert_int_equal(f->c[p]->wk_cb.cb_state, SHM_BREAKER_OPEN);
-	fx_free(f);
+	assert_int_equal(f->fx_c[p]->wk_cb.cb_state, SHM_BREAKER_OPEN);
+	btu_fx_free(f);
 }
 
 static void
 test_consistent_hashing(void **state)
 {
-	struct fx *f = fx_new("consistent_hashing");
+	struct btu_fx *f = btu_fx_flags_new("sticky", "consistent_hashing");
 	Smg__RouteRequest rq = SMG__ROUTE_REQUEST__INIT;
 	const char *fam = "smg_consistent_hashing_policy_branch_total";
 	int a;
 
 	(void)state;
-	fx_start(f);
+	btu_fx_start_order(f);
 	rq.routing_key = (char *)"user-1";
-	a = policy_select(f->br->br_default, f->c, 3, &rq);
+	a = policy_select(f->fx_br->br_default, f->fx_c, 3, &rq);
 	assert_true(a >= 0);
-	assert_int_equal(policy_select(f->br->br_default, f->c, 3, &rq), a);
-	assert_int_equal(branch(f, fam, "routing_key_hit"), 2);
+	assert_int_equal(policy_select(f->fx_br->br_default, f->fx_c, 3, &rq),
+	    a);
+	assert_int_equal(btu_branch(f, fam, "routing_key_hit"), 2);
 	/* The owner leaves the candidates: the next one on the ring. */
 	{
 		struct worker *c2[2];
@@ -375,68 +265,75 @@ test_consistent_hashing(void **state)
 
 		for (i = 0; i < 3; i++)
 			if ((int)i != a)
-				c2[k++] = f->c[i];
-		assert_true(policy_select(f->br->br_default, c2, 2, &rq) >= 0);
+				c2[k++] = f->fx_c[i];
+		assert_true(
+		    policy_select(f->fx_br->br_default, c2, 2, &rq) >= 0);
 	}
 	rq.routing_key = (char *)"";
 	rq.target_worker = (char *)"2";
 	rq.has_target_worker = true;
-	assert_int_equal(policy_select(f->br->br_default, f->c, 3, &rq), 2);
-	assert_int_equal(branch(f, fam, "target_worker_hit"), 1);
+	assert_int_equal(policy_select(f->fx_br->br_default, f->fx_c, 3, &rq),
+	    2);
+	assert_int_equal(btu_branch(f, fam, "target_worker_hit"), 1);
 	rq.target_worker = (char *)"3";
-	assert_int_equal(policy_select(f->br->br_default, f->c, 3, &rq), -1);
-	assert_int_equal(branch(f, fam, "target_worker_miss"), 1);
+	assert_int_equal(policy_select(f->fx_br->br_default, f->fx_c, 3, &rq),
+	    -1);
+	assert_int_equal(btu_branch(f, fam, "target_worker_miss"), 1);
 	rq.has_target_worker = false;
-	assert_true(policy_select(f->br->br_default, f->c, 3, &rq) >= 0);
-	assert_int_equal(branch(f, fam, "random_fallback"), 1);
+	assert_true(policy_select(f->fx_br->br_default, f->fx_c, 3, &rq) >= 0);
+	assert_int_equal(btu_branch(f, fam, "random_fallback"), 1);
 	rq.implicit_key = (char *)"Bearer abc";
 	rq.has_implicit_key = true;
-	a = policy_select(f->br->br_default, f->c, 3, &rq);
-	assert_int_equal(policy_select(f->br->br_default, f->c, 3, &rq), a);
-	assert_int_equal(branch(f, fam, "routing_key_hit"), 5);
-	fx_free(f);
+	a = policy_select(f->fx_br->br_default, f->fx_c, 3, &rq);
+	assert_int_equal(policy_select(f->fx_br->br_default, f->fx_c, 3, &rq),
+	    a);
+	assert_int_equal(btu_branch(f, fam, "routing_key_hit"), 5);
+	btu_fx_free(f);
 }
 
 static void
 test_prefix_hash(void **state)
 {
-	struct fx *f = fx_new("prefix_hash");
+	struct btu_fx *f = btu_fx_flags_new("sticky", "prefix_hash");
 	Smg__RouteRequest rq = SMG__ROUTE_REQUEST__INIT;
 	const char *fam = "smg_prefix_hash_policy_branch_total";
 	int a;
 
 	(void)state;
-	fx_start(f);
+	btu_fx_start_order(f);
 	/* No key at all: least loaded, ties first. */
-	load(f, 0, 1);
-	assert_int_equal(policy_select(f->br->br_default, f->c, 3, &rq), 1);
-	assert_int_equal(branch(f, fam, "no_routing_key"), 1);
+	btu_load(f, 0, 1);
+	assert_int_equal(policy_select(f->fx_br->br_default, f->fx_c, 3, &rq),
+	    1);
+	assert_int_equal(btu_branch(f, fam, "no_routing_key"), 1);
 	rq.text = (char *)"a shared prefix for prefix hashing";
 	rq.has_text = true;
-	a = policy_select(f->br->br_default, f->c, 3, &rq);
-	assert_int_equal(policy_select(f->br->br_default, f->c, 3, &rq), a);
-	assert_int_equal(branch(f, fam, "ring_hit"), 2);
+	a = policy_select(f->fx_br->br_default, f->fx_c, 3, &rq);
+	assert_int_equal(policy_select(f->fx_br->br_default, f->fx_c, 3, &rq),
+	    a);
+	assert_int_equal(btu_branch(f, fam, "ring_hit"), 2);
 	/* The target overloaded (L = 31+, 3 workers, abs 10): the walk. */
-	load(f, (unsigned)a, 30);
-	assert_int_not_equal(policy_select(f->br->br_default, f->c, 3, &rq), a);
-	assert_int_equal(branch(f, fam, "load_balance_walk"), 1);
-	fx_free(f);
+	btu_load(f, (unsigned)a, 30);
+	assert_int_not_equal(
+	    policy_select(f->fx_br->br_default, f->fx_c, 3, &rq), a);
+	assert_int_equal(btu_branch(f, fam, "load_balance_walk"), 1);
+	btu_fx_free(f);
 }
 
 static void
 test_persist_across_restart(void **state)
 {
-	struct fx *f = fx_new("cache_aware");
+	struct btu_fx *f = btu_fx_flags_new("sticky", "cache_aware");
 	const char *text = "a conversation whose prefix must survive a crash "
 	                   "of the broker process";
 	char q[160];
 	int holder, pin;
 
 	(void)state;
-	f->bs.bs_routing_key_override = true;
-	fx_start(f);
-	load(f, 1, 1);
-	load(f, 2, 1);
+	f->fx_bs.bs_routing_key_override = true;
+	btu_fx_start_order(f);
+	btu_load(f, 1, 1);
+	btu_load(f, 2, 1);
 	holder = route(f, NULL, NULL, 0);
 	assert_true(holder >= 0);
 	{
@@ -444,92 +341,92 @@ test_persist_across_restart(void **state)
 
 		rq.text = (char *)text;
 		rq.has_text = true;
-		assert_int_equal(policy_select(f->br->br_default, f->c, 3, &rq),
-		    0);
+		assert_int_equal(
+		    policy_select(f->fx_br->br_default, f->fx_c, 3, &rq), 0);
 	}
 	pin = route(f, "stay-here", NULL, 0);
-	assert_true(store_flush(f->br->br_store) == 0);
-	assert_true(persist_journal_records(f->br) >= 1);
+	assert_true(store_flush(f->fx_br->br_store) == 0);
+	assert_true(persist_journal_records(f->fx_br) >= 1);
 	/* A new broker on the same state: as if the old one was killed. */
-	server_free(f->br);
-	shm_unlink_segment(f->run);
-	fx_start(f);
-	load(f, 0, 1);
-	load(f, 1, 2);
-	load(f, 2, 2);
+	server_free(f->fx_br);
+	shm_unlink_segment(f->fx_run);
+	btu_fx_start_order(f);
+	btu_load(f, 0, 1);
+	btu_load(f, 1, 2);
+	btu_load(f, 2, 2);
 	snprintf(q, sizeof(q), "%s, next turn", text);
 	{
 		Smg__RouteRequest rq = SMG__ROUTE_REQUEST__INIT;
 
 		rq.text = q;
 		rq.has_text = true;
-		assert_int_equal(policy_select(f->br->br_default, f->c, 3, &rq),
-		    0);
+		assert_int_equal(
+		    policy_select(f->fx_br->br_default, f->fx_c, 3, &rq), 0);
 	}
 	assert_int_equal(route(f, "stay-here", NULL, 0), pin);
-	assert_int_equal(branch(f, MANUAL, "occupied_hit"), 1);
-	fx_free(f);
+	assert_int_equal(btu_branch(f, MANUAL, "occupied_hit"), 1);
+	btu_fx_free(f);
 }
 
 static int
-pick_long(struct fx *f, const char *text)
+pick_long(struct btu_fx *f, const char *text)
 {
 	Smg__RouteRequest rq = SMG__ROUTE_REQUEST__INIT;
 
 	rq.text = (char *)text;
 	rq.has_text = true;
-	return policy_select(f->br->br_default, f->c, 3, &rq);
+	return policy_select(f->fx_br->br_default, f->fx_c, 3, &rq);
 }
 
 /* Keys longer than a chunk, sharing chunks, survive a restart. */
 static void
 test_journal_chunks(void **state)
 {
-	struct fx *f = fx_new("cache_aware");
+	struct btu_fx *f = btu_fx_flags_new("sticky", "cache_aware");
 	char *a = malloc(20001), *b = malloc(20001);
 	size_t i;
 
 	(void)state;
-	f->bs.bs_max_tree_size = 1000000;
+	f->fx_bs.bs_max_tree_size = 1000000;
 	for (i = 0; i < 20000; i++)
 		a[i] = b[i] = (char)('a' + (i * 7 + i / 3) % 26);
 	a[20000] = b[20000] = '\0';
 	memset(b + 9000, 'Q', 11000); /* shares two whole chunks with a */
-	fx_start(f);
-	load(f, 1, 1);
-	load(f, 2, 1);
+	btu_fx_start_order(f);
+	btu_load(f, 1, 1);
+	btu_load(f, 2, 1);
 	assert_int_equal(pick_long(f, a), 0);
-	shm_inflight_reset_slot(f->br->br_shm, f->c[1]->wk_slot);
-	load(f, 0, 1);
+	shm_inflight_reset_slot(f->fx_br->br_shm, f->fx_c[1]->wk_slot);
+	btu_load(f, 0, 1);
 	assert_int_equal(pick_long(f, b), 1); /* 9000/20000 < 0.5 */
-	assert_int_equal(store_flush(f->br->br_store), 0);
-	server_free(f->br);
-	shm_unlink_segment(f->run);
-	fx_start(f);
-	load(f, 0, 1);
-	load(f, 1, 1);
+	assert_int_equal(store_flush(f->fx_br->br_store), 0);
+	server_free(f->fx_br);
+	shm_unlink_segment(f->fx_run);
+	btu_fx_start_order(f);
+	btu_load(f, 0, 1);
+	btu_load(f, 1, 1);
 	a[19999] = 'z';
 	b[19999] = 'z';
 	assert_int_equal(pick_long(f, a), 0);
 	assert_int_equal(pick_long(f, b), 1);
 	free(a);
 	free(b);
-	fx_free(f);
+	btu_fx_free(f);
 }
 
 static void
 test_write_behind_bound(void **state)
 {
-	struct fx *f = fx_new("round_robin");
+	struct btu_fx *f = btu_fx_flags_new("sticky", "round_robin");
 	struct store *st;
 	uint64_t t0, txns;
 
 	(void)state;
-	fx_start(f);
-	st = f->br->br_store;
+	btu_fx_start_order(f);
+	st = f->fx_br->br_store;
 	txns = store_txn_count(st);
 	t0 = shm_now_ms();
-	persist_assign_del(f->br, "sticky", "k");
+	persist_assign_del(f->fx_br, "sticky", "k");
 	/* Routing state waits for the batch window ... */
 	assert_false(store_flush_due(st, t0));
 	assert_true(store_flush_due(st, t0 + STORE_BEHIND_MS + 5));
@@ -539,7 +436,7 @@ test_write_behind_bound(void **state)
 	/* ... a worker record does not. */
 	store_put(st, "http://z:9", "{}");
 	assert_true(store_flush_due(st, t0));
-	fx_free(f);
+	btu_fx_free(f);
 }
 
 int
