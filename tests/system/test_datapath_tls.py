@@ -97,8 +97,11 @@ class TlsTerminator:
         except OSError:
             cwriter.close()
             return
-        await asyncio.gather(self._pump(creader, bwriter),
-                             self._pump(breader, cwriter))
+        try:
+            await asyncio.gather(self._pump(creader, bwriter),
+                                 self._pump(breader, cwriter))
+        finally:
+            self.writers.discard(cwriter)
 
     def _run(self):
         asyncio.set_event_loop(self.loop)
@@ -128,9 +131,16 @@ class TlsTerminator:
             try:
                 self.ctx.load_cert_chain(cert, key)
                 # Aborting a transport runs callbacks that may touch
-                # self.writers: iterate over a copy.
+                # self.writers: iterate over a copy. A transport that is
+                # already closing has nothing left to abort.
                 for wr in list(self.writers):
-                    wr.transport.abort()
+                    t = wr.transport
+                    if t is None or t.is_closing():
+                        continue
+                    try:
+                        t.abort()
+                    except (AttributeError, OSError, RuntimeError):
+                        pass
                 self.writers.clear()
             finally:
                 done.set()
