@@ -161,6 +161,21 @@ decide_dispatch_shed(const struct decision *d)
 }
 
 void
+decide_outcome_of(const struct decision *d, const struct extract_inputs *in,
+    int http_status, bool transport_error, bool no_breaker_sample)
+{
+	char key[DECIDE_KEY_MAX];
+
+	if (d->dc_fallback)
+		key[0] = '\0';
+	else
+		decide_key(in, fe->fe_cf->cf_routing_key_override, key,
+		    sizeof(key));
+	decide_outcome(d->dc_slot, d->dc_generation, http_status,
+	    transport_error, key, no_breaker_sample);
+}
+
+void
 decide_outcome(unsigned slot, uint32_t generation, int http_status,
     bool transport_error, const char *key, bool no_breaker_sample)
 {

@@ -303,6 +303,14 @@ void decide_outcome(unsigned slot, uint32_t generation, int http_status,
 const char *decide_key(const struct extract_inputs *in, bool override,
     char *buf, size_t len);
 /*
+ * decide_outcome for decision d of a request with inputs in: the key is
+ * the request's effective key, or none for a local (fallback) decision,
+ * which the broker never counted.
+ */
+void decide_outcome_of(const struct decision *d,
+    const struct extract_inputs *in, int http_status, bool transport_error,
+    bool no_breaker_sample);
+/*
  * The dispatch-time overload re-check (gateway.md §8): whether the
  * worker of (slot, generation) has its overload flag set in shm now.
  */

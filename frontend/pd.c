@@ -1473,19 +1473,10 @@ static void
 pd_leg_outcome(struct pd_req *rq, struct pd_leg *lg, int status, bool transport,
     bool no_sample)
 {
-	char key[DECIDE_KEY_MAX];
-
 	if (!lg->lg_outcome_due)
 		return;
 	lg->lg_outcome_due = false;
-	/* A local decision was not counted by the broker: no key. */
-	if (lg->lg_d.dc_fallback)
-		key[0] = '\0';
-	else
-		decide_key(&rq->pr_in, fe->fe_cf->cf_routing_key_override, key,
-		    sizeof(key));
-	decide_outcome(lg->lg_d.dc_slot, lg->lg_d.dc_generation, status,
-	    transport, key, no_sample);
+	decide_outcome_of(&lg->lg_d, &rq->pr_in, status, transport, no_sample);
 }
 
 /*

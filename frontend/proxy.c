@@ -217,19 +217,10 @@ proxy_end_inflight(struct req *rq)
 static void
 proxy_outcome(struct req *rq, int status, bool transport, bool no_sample)
 {
-	char key[DECIDE_KEY_MAX];
-
 	if (!rq->rq_outcome_due)
 		return;
 	rq->rq_outcome_due = false;
-	/* A local decision was not counted by the broker: no key. */
-	if (rq->rq_d.dc_fallback)
-		key[0] = '\0';
-	else
-		decide_key(&rq->rq_in, fe->fe_cf->cf_routing_key_override, key,
-		    sizeof(key));
-	decide_outcome(rq->rq_d.dc_slot, rq->rq_d.dc_generation, status,
-	    transport, key, no_sample);
+	decide_outcome_of(&rq->rq_d, &rq->rq_in, status, transport, no_sample);
 }
 
 /* Request-level metrics once the response is decided. */
