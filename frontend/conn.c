@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "frontend/frontend.h"
+#include "shared/arena.h"
 #include "shared/log.h"
 #include "shared/tls.h"
 
@@ -65,11 +66,16 @@ struct conn {
 	unsigned c_http_minor;
 	const struct conn_handler *c_h;
 	void *c_harg;
+	struct arena c_pool; /* the current request's memory and hooks */
+	int c_status; /* status of the response written, 0 none yet */
+	const char *c_method_label; /* metric labels of the request */
+	const char *c_path_label;
 	TAILQ_ENTRY(conn) c_link;
 	TAILQ_ENTRY(conn) c_flush_link;
 };
 
 static TAILQ_HEAD(, conn) conns = TAILQ_HEAD_INITIALIZER(conns);
+static conn_dispatch_cb conn_dispatch;
 static TAILQ_HEAD(, conn) conn_dirty = TAILQ_HEAD_INITIALIZER(conn_dirty);
 static ev_prepare conn_flush_prep;
 static bool conn_flush_prep_init;
@@ -177,17 +183,17 @@ conn_reap_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
 	struct conn *c =
 	    (struct conn *)((char *)w - offsetof(struct conn, c_reap));
-	const struct conn_handler *h = c->c_h;
 
 	(void)loop;
 	(void)revents;
 	if (c->c_state == CONN_BUSY) {
+		/* The client went away mid-request: its hooks release it. */
 		fe->fe_nbusy--;
 		c->c_state = CONN_IDLE;
 		c->c_h = NULL;
-		if (h != NULL && h->ch_gone != NULL)
-			h->ch_gone(c->c_harg);
+		c->c_harg = NULL;
 	}
+	arena_reset(&c->c_pool);
 	TAILQ_REMOVE(&conns, c, c_link);
 	http_reader_free(c->c_reader);
 	http_out_free(&c->c_out);
@@ -549,7 +555,7 @@ conn_process(struct conn *c)
 		if (st == HTTP_READ_DONE) {
 			req = http_reader_request(c->c_reader);
 			conn_begin(c, req);
-			local_route(c, req, c->c_kind);
+			conn_dispatch(c, req, c->c_kind);
 			continue;
 		}
 		/* HTTP_READ_ERROR (or anything unexpected). */
@@ -561,8 +567,7 @@ conn_process(struct conn *c)
 		http_out_error(&c->c_out, status, "bad_request",
 		    reason != NULL ? reason : http_status_reason(status), NULL,
 		    0, false);
-		stats_add("smg_http_responses_total",
-		    "method=\"other\",path=\"other\",status_code=\"4xx\"", 1);
+		stats_http_response("other", "other", status);
 		conn_flush(c);
 		break;
 	}
@@ -587,6 +592,10 @@ conn_begin(struct conn *c, const struct http_request *req)
 	c->c_keep_alive = req->hr_keep_alive;
 	c->c_http_minor = req->hr_http_minor;
 	c->c_h = NULL;
+	c->c_status = 0;
+	/* Kept as static strings: the request may be gone at the end. */
+	c->c_method_label = stats_method_label(req);
+	c->c_path_label = stats_path_label(req->hr_path);
 }
 
 /*
@@ -599,7 +608,7 @@ conn_stream_body(struct conn *c, const struct http_request *req)
 	conn_begin(c, req);
 	c->c_body_streaming = true;
 	conn_arm_timer(c, (double)fe->fe_cf->cf_stream_body_stall_timeout_secs);
-	local_route(c, req, c->c_kind);
+	conn_dispatch(c, req, c->c_kind);
 }
 
 static void
@@ -684,6 +693,7 @@ conn_timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
 		c->c_state = CONN_IDLE;
 		http_out_error(&c->c_out, 408, "request_timeout",
 		    "Request not received in time", NULL, 0, false);
+		stats_http_response("other", "other", 408);
 		conn_flush(c);
 		if (c->c_dead || c->c_lingering || conn_pending(c) > 0)
 			return;
@@ -694,6 +704,11 @@ conn_timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
 void
 conn_request_done(struct conn *c)
 {
+	if (c->c_state == CONN_BUSY)
+		stats_http_response(c->c_method_label, c->c_path_label,
+		    c->c_status != 0 ? c->c_status : 500);
+	/* Whatever the handler still holds goes before the next request. */
+	arena_reset(&c->c_pool);
 	if (c->c_body_streaming) {
 		/* Answered before the whole body came: the rest is unread. */
 		c->c_body_streaming = false;
@@ -730,9 +745,8 @@ void
 conn_respond(struct conn *c, int status, const char *content_type,
     const char *body, size_t len, const char *request_id)
 {
-	struct http_out *o = &c->c_out;
+	struct http_out *o = conn_response(c, status);
 
-	http_out_status(o, status);
 	if (content_type != NULL)
 		http_out_header(o, "content-type", content_type);
 	http_out_headerf(o, "content-length", "%zu", len);
@@ -749,7 +763,59 @@ void
 conn_error(struct conn *c, int status, const char *code, const char *message,
     const char *request_id, int retry_after_secs)
 {
+	c->c_status = status;
 	http_out_error(&c->c_out, status, code, message, request_id,
 	    retry_after_secs, conn_keep_alive(c));
 	conn_request_done(c);
+}
+
+struct http_out *
+conn_response(struct conn *c, int status)
+{
+	c->c_status = status;
+	http_out_status(&c->c_out, status);
+	return &c->c_out;
+}
+
+void
+conn_json(struct conn *c, int status, cJSON *j, const char *request_id)
+{
+	char *s = j != NULL ? cJSON_PrintUnformatted(j) : NULL;
+
+	cJSON_Delete(j);
+	if (s == NULL) {
+		conn_error(c, 503, "out_of_memory", "Out of memory", request_id,
+		    0);
+		return;
+	}
+	conn_respond(c, status, "application/json", s, strlen(s), request_id);
+	free(s);
+}
+
+void
+conn_relay_head(struct conn *c, int status, const struct upstream_header *h,
+    size_t n, bool keep_length, bool streaming, bool chunked,
+    const char *request_id, const char *worker_url)
+{
+	c->c_status = status;
+	hdr_response_head(&c->c_out, status, h, n, keep_length, streaming,
+	    chunked, request_id, worker_url, conn_keep_alive(c));
+}
+
+void *
+conn_alloc(struct conn *c, size_t n)
+{
+	return arena_alloc(&c->c_pool, n);
+}
+
+int
+conn_on_end(struct conn *c, void (*fn)(void *), void *arg)
+{
+	return arena_cleanup_add(&c->c_pool, fn, arg);
+}
+
+void
+conn_set_dispatcher(conn_dispatch_cb cb)
+{
+	conn_dispatch = cb;
 }

@@ -42,6 +42,7 @@
 #define FE_CODE_MAX          48
 #define FE_MSG_MAX           256
 #define FE_FANOUT_BODY_MAX   (1024 * 1024)
+#define FE_TARGET_MAX        2048 /* path + "?" + query, 414 beyond */
 
 struct conn;
 struct req;
@@ -84,11 +85,12 @@ void listener_close_all(void);
 /* ---------------------------------------------------------- conn.c */
 
 /*
- * A request handler attached to a busy connection. on_gone runs (from the
- * loop, never from inside a conn_* call made by the handler) when the
- * client went away before conn_request_done: the handler drops every use
- * of the connection and of the request. on_drained runs when the pending
- * output fell below FE_OUT_LOW after having exceeded FE_OUT_HIGH.
+ * A request handler attached to a busy connection. on_drained runs when
+ * the pending output fell below FE_OUT_LOW after having exceeded
+ * FE_OUT_HIGH. What a request holds (upstream requests, timers, decisions)
+ * is released by the hooks it registers with conn_on_end, which run once
+ * however the request ends: answered, aborted, or the client gone (then
+ * from the loop, never from inside a conn_* call made by the handler).
  *
  * For a request whose body is streamed (proxy_stream_wanted), ch_body
  * gets each piece as it arrives (valid during the call; last set with the
@@ -97,11 +99,15 @@ void listener_close_all(void);
  * (conn_error, conn_request_abort); the connection closes afterwards.
  */
 struct conn_handler {
-	void (*ch_gone)(void *arg);
 	void (*ch_drained)(void *arg);
 	void (*ch_body)(void *arg, const char *data, size_t len, bool last);
 	void (*ch_body_stalled)(void *arg);
 };
+
+/* What the connection calls with each complete request (main.c sets it). */
+typedef void (*conn_dispatch_cb)(struct conn *c, const struct http_request *hr,
+    enum listener_kind kind);
+void conn_set_dispatcher(conn_dispatch_cb cb);
 
 /* Takes the accepted non-blocking fd (closed on any failure). */
 void conn_accept(int fd, enum listener_kind kind);
@@ -110,6 +116,14 @@ void conn_accept(int fd, enum listener_kind kind);
 void conn_drain_all(void);
 
 void conn_set_handler(struct conn *c, const struct conn_handler *h, void *arg);
+/*
+ * Memory of the current request: zeroed, freed when the request ends
+ * (after the conn_on_end hooks ran). NULL when out of memory.
+ */
+void *conn_alloc(struct conn *c, size_t n);
+/* Registers fn(arg) to run once when the current request ends, newest
+ * first. Returns 0, or -1 when out of memory. */
+int conn_on_end(struct conn *c, void (*fn)(void *), void *arg);
 /* The output buffer; append the response, then conn_flush. */
 struct http_out *conn_out(struct conn *c);
 void conn_flush(struct conn *c);
@@ -135,9 +149,11 @@ void conn_set_close(struct conn *c);
 unsigned conn_http_minor(const struct conn *c);
 enum listener_kind conn_kind(const struct conn *c);
 /*
- * The current response is fully appended. The connection goes on with the
- * next (pipelined) request or closes; the handler must not touch c or the
- * request afterwards.
+ * The current response is fully appended. The response is counted
+ * (smg_http_responses_total, with the status written), the request's
+ * hooks run and its memory is freed, and the connection goes on with the
+ * next (pipelined) request or closes: the handler must not touch c, the
+ * request or anything it allocated with conn_alloc afterwards.
  */
 void conn_request_done(struct conn *c);
 /* The response cannot be completed (worker failed mid-body): closes the
@@ -149,6 +165,16 @@ void conn_respond(struct conn *c, int status, const char *content_type,
     const char *body, size_t len, const char *request_id);
 void conn_error(struct conn *c, int status, const char *code,
     const char *message, const char *request_id, int retry_after_secs);
+/* Takes ownership of j (deleted); 503 when it cannot be printed. */
+void conn_json(struct conn *c, int status, cJSON *j, const char *request_id);
+/* Starts a response of its own: the status line, recorded as the status
+ * answered; the caller appends headers, body, then conn_request_done. */
+struct http_out *conn_response(struct conn *c, int status);
+/* Appends a worker's response head (hdr_response_head) and records its
+ * status as the one this request answered. */
+void conn_relay_head(struct conn *c, int status,
+    const struct upstream_header *h, size_t n, bool keep_length, bool streaming,
+    bool chunked, const char *request_id, const char *worker_url);
 
 /* ---------------------------------------------------------- hdr.c */
 
@@ -325,6 +351,149 @@ int decide_admin(Smg__AdminRequest *ar,
     void (*cb)(void *arg, int status, const uint8_t *reply, size_t len),
     void *arg);
 
+/* ---------------------------------------------------------- exchange.c */
+
+#define EXCHANGE_MAX_LEGS 3
+
+/* Why an attempt failed; exchange_next maps each to its status and code. */
+enum exchange_failure {
+	EXCHANGE_WORKER_STATUS = 0, /* an error status not relayed */
+	EXCHANGE_NO_REQUEST, /* the upstream request could not start */
+	EXCHANGE_CONNECT, /* no connection to the worker */
+	EXCHANGE_SEND, /* the connection broke before a response */
+	EXCHANGE_TIMEOUT, /* --request-timeout-secs */
+	EXCHANGE_BAD_RESPONSE, /* not HTTP, or cut before the head ended */
+	EXCHANGE_NO_MEMORY, /* the gateway's own failure */
+};
+
+/* What the owner of an exchange (proxy.c, pd.c) is told. */
+struct exchange_ops {
+	/* Every leg has a worker: send each (exchange_dispatch). */
+	void (*xo_routed)(void *arg);
+	/* The request failed for good (every attempt used, or terminal):
+	 * answer with this error; the exchange has ended every leg. */
+	void (*xo_failed)(void *arg, int status, const char *code,
+	    const char *message, int retry_after_secs);
+	/* A retry is about to ask for new workers: drop what the failed
+	 * attempt left (buffers, held heads). May be NULL. */
+	void (*xo_reset)(void *arg);
+};
+
+/* One worker's part of an attempt: the whole request, or a PD leg. */
+struct exchange_leg {
+	struct exchange *xl_ex;
+	unsigned xl_leg; /* Smg__Leg; 0 (LEG_SINGLE) outside PD */
+	const char *xl_name; /* worker_type label: regular, prefill, ... */
+	struct decide_item xl_di;
+	struct decision xl_d;
+	struct upstream_req *xl_up; /* owner clears it when on_done ran */
+	bool xl_decided;
+	bool xl_outcome_due; /* xl_d owes the broker its outcome */
+	bool xl_inflight; /* counted in shm (exchange_dispatch) */
+	bool xl_first_byte; /* a response body byte arrived */
+	ev_tstamp xl_sent;
+	ev_tstamp xl_ttfb; /* seconds to the first body byte */
+	uint32_t xl_exclude[FE_MAX_EXCLUDE];
+	size_t xl_nexclude;
+};
+
+/*
+ * A request's life upstream (nginx's ngx_http_upstream_t in spirit): its
+ * decisions, attempts, exclusions, in-flight counts, outcomes and timings,
+ * for the single and the PD path alike. It lives in the request's memory
+ * (conn_alloc) and registers its own end hook, so the in-flight counts
+ * and the broker's outcomes are settled however the request ends.
+ *
+ * Flow: exchange_route asks for a worker per leg; xo_routed dispatches;
+ * a failed attempt goes to exchange_next, which decides retry (back off,
+ * route again with the failed worker excluded) or xo_failed; a relayed
+ * response ends with exchange_finish.
+ */
+struct exchange {
+	struct conn *ex_conn;
+	const struct extract_inputs *ex_in;
+	const struct exchange_ops *ex_ops;
+	void *ex_arg;
+	const char *ex_backend; /* "regular" or "pd" (metric label) */
+	enum extract_endpoint ex_ep;
+	struct retry_policy ex_rp;
+	unsigned ex_attempt; /* 0-based */
+	unsigned ex_nlegs;
+	unsigned ex_undecided;
+	bool ex_fixed; /* one given worker: no routing, no retry */
+	bool ex_relayed; /* a byte went to the client: no retry */
+	bool ex_streaming; /* the client asked for SSE (metric label) */
+	bool ex_ended; /* counted in the router series */
+	uint64_t ex_prompt_tokens; /* estimated, for live load */
+	char ex_model[SHM_MODEL_MAX]; /* metric label */
+	ev_tstamp ex_start;
+	ev_timer ex_backoff;
+	struct exchange_leg ex_legs[EXCHANGE_MAX_LEGS];
+};
+
+/*
+ * Allocates an exchange in c's request memory with nlegs legs (leg i of
+ * Smg__Leg legs[i], label names[i]) and the retry flags; NULL when out of
+ * memory. in must outlive the request.
+ */
+struct exchange *exchange_new(struct conn *c, const struct extract_inputs *in,
+    enum extract_endpoint ep, const char *backend, unsigned nlegs,
+    const unsigned *legs, const char *const *names,
+    const struct exchange_ops *ops, void *arg);
+/* One given worker (gateway-local relays): no decision, no retry. */
+void exchange_fix(struct exchange *ex, unsigned slot,
+    const struct shm_worker *w);
+/* Asks for a worker for every leg (one batch); xo_routed or a retry or
+ * xo_failed follows, never inside this call. */
+void exchange_route(struct exchange *ex);
+/*
+ * Leg i's upstream request has been started (up), or could not be (NULL:
+ * the attempt fails through exchange_next, and -1 is returned, after
+ * which the caller must not touch the request). The only place that
+ * counts a request in flight. Returns 0.
+ */
+int exchange_dispatch(struct exchange *ex, unsigned i, struct upstream_req *up);
+/* The first response body byte of leg i arrived (live load, TTFB). */
+void exchange_first_byte(struct exchange *ex, unsigned i);
+/*
+ * Whether an attempt failing now with status (a worker status, or the
+ * gateway's for a failure) would be tried again.
+ */
+bool exchange_can_retry(const struct exchange *ex, int status);
+/*
+ * Leg i's attempt failed before anything reached the client (the owner
+ * already dropped its upstream request, or leaves it to be cancelled
+ * here). The only place that maps a failure to the answer: every leg's
+ * attempt ends (outcomes, in-flight), then a retry is scheduled or
+ * xo_failed runs. worker_status and worker_message (may be NULL) describe
+ * EXCHANGE_WORKER_STATUS. The caller must return without touching the
+ * request: it may have ended.
+ */
+void exchange_next(struct exchange *ex, unsigned i, enum exchange_failure f,
+    int worker_status, const char *worker_message);
+/* The failure of an upstream request that ended before its head. */
+enum exchange_failure exchange_failure_of(enum upstream_error err);
+/*
+ * The response (status as relayed) is complete, or was cut after bytes
+ * went out (ok false): every leg ends with that status, the router series
+ * counts the request. The owner then ends the connection's request.
+ */
+void exchange_finish(struct exchange *ex, int status, bool ok);
+/*
+ * The request ends without an answer from the workers (shed, refused
+ * before routing, body stalled): answers status/code/message and ends
+ * every leg without a breaker sample.
+ */
+void exchange_fail(struct exchange *ex, int status, const char *code,
+    const char *message, int retry_after_secs);
+/*
+ * Ends leg i's attempt: the only place that releases its in-flight count
+ * and live load, and that sends the broker its outcome (none when
+ * no_sample: only the key's in-flight ends). Idempotent.
+ */
+void exchange_end(struct exchange *ex, unsigned i, int status, bool transport,
+    bool no_sample);
+
 /* ---------------------------------------------------------- stats.c */
 
 /*
@@ -344,6 +513,11 @@ void stats_router_request(const char *backend, const char *model,
     const char *endpoint, bool streaming, bool ok, double seconds);
 void stats_router_error(const char *backend, const char *model,
     const char *endpoint, const char *error_type);
+/* Metric labels of a request (bounded sets, static strings). */
+const char *stats_method_label(const struct http_request *hr);
+const char *stats_path_label(const char *path);
+/* smg_http_responses_total for one answered request. */
+void stats_http_response(const char *method, const char *path, int status);
 
 /* ---------------------------------------------------------- proxy.c */
 
@@ -425,14 +599,38 @@ size_t pd_sse_event_len(const char *p, size_t len);
 char *pd_merge_event(const char *ev, size_t len, const cJSON *prefill,
     size_t *outlen);
 
-/* ---------------------------------------------------------- local.c */
+/* ---------------------------------------------------------- router.c */
 
-/* Routes one complete request read on a connection of that kind. */
-void local_route(struct conn *c, const struct http_request *hr,
+/* The connection's dispatcher: routes one complete request read on a
+ * connection of that kind to the module owning its route. */
+void router_dispatch(struct conn *c, const struct http_request *hr,
     enum listener_kind kind);
-/* Metric path label of a request path (bounded set). */
-const char *local_path_label(const char *path);
-/* Counts smg_http_responses_total for a finished request. */
-void local_count_response(const struct http_request *hr, int status);
+
+/* ---------------------------------------------------------- endpoints.c */
+
+/* The gateway's own routes; each answers and ends the request. */
+void endpoint_readiness(struct conn *c, const char *request_id);
+void endpoint_models(struct conn *c, const char *request_id);
+/* /get_model_info, /get_server_info, /health_generate outside PD. */
+void endpoint_first_ready(struct conn *c, const struct http_request *hr,
+    const char *request_id);
+void endpoint_metrics(struct conn *c);
+
+/* ---------------------------------------------------------- fanout.c */
+
+enum fanout_kind {
+	FANOUT_FLUSH = 0, /* POST /flush_cache */
+	FANOUT_LOADS, /* GET /get_loads */
+};
+
+/* Asks every worker at once and answers with the combined result. */
+void fanout_start(struct conn *c, const struct http_request *hr,
+    enum fanout_kind kind, const char *request_id);
+
+/* ---------------------------------------------------------- workerapi.c */
+
+/* /workers and /workers/{id} (gateway.md §3.3), through the broker. */
+void workerapi_start(struct conn *c, const struct http_request *hr,
+    const char *request_id);
 
 #endif /* FRONTEND_FRONTEND_H */

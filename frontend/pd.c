@@ -52,16 +52,12 @@ enum pd_leg_index {
 
 struct pd_req;
 
+/* A leg's own state; its decision and attempt are in the exchange's
+ * leg of the same index (lg_x). */
 struct pd_leg {
 	struct pd_req *lg_rq;
 	enum pd_leg_index lg_index;
-	struct decide_item lg_di;
-	struct decision lg_d;
-	bool lg_decided;
-	bool lg_outcome_due; /* lg_d still owes the broker its outcome */
-	struct upstream_req *lg_up;
-	bool lg_dispatched; /* sent in this attempt */
-	bool lg_inflight;
+	struct exchange_leg *lg_x;
 	int lg_status; /* 0 until the head came */
 	bool lg_done;
 	enum upstream_error lg_err;
@@ -71,27 +67,19 @@ struct pd_leg {
 	bool lg_overflow;
 	char *lg_body; /* this leg's own request body (DP ranks), or NULL */
 	size_t lg_body_len;
-	ev_tstamp lg_sent;
-	uint32_t lg_exclude[FE_MAX_EXCLUDE];
-	size_t lg_nexclude;
 };
 
 struct pd_req {
 	struct conn *pr_conn;
 	const struct http_request *pr_hr;
+	struct exchange *pr_ex;
 	struct extract_inputs pr_in;
 	char pr_id[EXTRACT_REQUEST_ID_MAX + 1];
-	enum extract_endpoint pr_ep;
-	struct retry_policy pr_rp;
-	unsigned pr_attempt;
 	unsigned pr_nlegs;
-	unsigned pr_pending; /* decisions not yet answered */
 	struct pd_leg pr_legs[PD_NLEGS];
 	char *pr_body;
 	size_t pr_body_len;
 	char pr_path[PD_PATH_MAX];
-	bool pr_streaming;
-	bool pr_head_sent;
 	bool pr_chunked;
 	bool pr_paused;
 	bool pr_ttft_done;
@@ -103,9 +91,6 @@ struct pd_req {
 	/* the decode head, held until every other leg answered 2xx */
 	struct upstream_header *pr_dh;
 	size_t pr_ndh;
-	char pr_model[SHM_MODEL_MAX];
-	ev_timer pr_backoff;
-	ev_tstamp pr_start;
 };
 
 struct pd_health;
@@ -131,11 +116,10 @@ struct pd_health {
 	ev_timer ph_timer;
 };
 
-static void pd_gone(void *);
 static void pd_drained(void *);
-static void pd_select(struct pd_req *);
-static void pd_decided(void *, const struct decision *);
-static void pd_dispatch(struct pd_req *);
+static void pd_dispatch(void *);
+static void pd_failed(void *, int, const char *, const char *, int);
+static void pd_reset(void *);
 static int pd_build_body(struct pd_req *);
 static int pd_rank_bodies(struct pd_req *);
 static void pd_on_head(void *, int, const struct upstream_header *, size_t);
@@ -152,39 +136,32 @@ static int pd_append(char **, size_t *, size_t *, const char *, size_t);
 static const char *pd_send_url(const char *, char *, size_t);
 static void pd_finish(struct pd_req *, bool);
 static void pd_leg_error(struct pd_req *, struct pd_leg *);
+static void pd_free(void *);
+static void ph_free(void *);
 static void pd_decode_error(struct pd_req *, struct pd_leg *);
-static void pd_attempt_failed(struct pd_req *, struct pd_leg *, int,
-    const char *, const char *, bool);
-static void pd_stop_legs(struct pd_req *, int);
-static void pd_outcomes(struct pd_req *, int, const struct pd_leg *);
-static void pd_leg_outcome(struct pd_req *, struct pd_leg *, int, bool, bool);
-static void pd_undispatched(struct pd_req *);
-static bool pd_can_retry(struct pd_req *);
-static void pd_retry(struct pd_req *, const struct pd_leg *);
-static void pd_backoff_cb(struct ev_loop *, ev_timer *, int);
-static void pd_fail(struct pd_req *, int, const char *, const char *, int);
-static void pd_count(struct pd_req *, int, bool);
-static void pd_free(struct pd_req *);
 static int pd_keep(struct pd_leg *, const char *, size_t, size_t);
 static const char *pd_runtime(void);
 static void pd_worker_message(const char *, size_t, char *, size_t);
-static void ph_gone(void *);
 static void ph_decided(void *, const struct decision *);
 static void ph_head(void *, int, const struct upstream_header *, size_t);
 static void ph_body(void *, const char *, size_t);
 static void ph_done(void *, enum upstream_error);
 static void ph_timeout_cb(struct ev_loop *, ev_timer *, int);
 static void ph_finish(struct pd_health *);
-static void ph_free(struct pd_health *);
 
 static const char *const pd_leg_names[PD_NLEGS] = { "prefill", "decode",
 	"encode" };
-static const Smg__Leg pd_leg_proto[PD_NLEGS] = { SMG__LEG__LEG_PREFILL,
+static const unsigned pd_leg_proto[PD_NLEGS] = { SMG__LEG__LEG_PREFILL,
 	SMG__LEG__LEG_DECODE, SMG__LEG__LEG_ENCODE };
 
 static const struct conn_handler pd_handler = {
-	.ch_gone = pd_gone,
 	.ch_drained = pd_drained,
+};
+
+static const struct exchange_ops pd_ops = {
+	.xo_routed = pd_dispatch,
+	.xo_failed = pd_failed,
+	.xo_reset = pd_reset,
 };
 
 static const struct upstream_cbs pd_cbs = {
@@ -194,7 +171,7 @@ static const struct upstream_cbs pd_cbs = {
 };
 
 static const struct conn_handler ph_handler = {
-	.ch_gone = ph_gone,
+	.ch_drained = NULL,
 };
 
 static const struct upstream_cbs ph_cbs = {
@@ -586,7 +563,7 @@ static int
 pd_build_body(struct pd_req *rq)
 {
 	struct extract_inputs *in = &rq->pr_in;
-	const struct decision *pd = &rq->pr_legs[PD_PREFILL].lg_d;
+	const struct decision *pd = &rq->pr_legs[PD_PREFILL].lg_x->xl_d;
 	unsigned n = in->ei_batch_n > 0 ? in->ei_batch_n : 1, i;
 	bool batch = in->ei_is_batch;
 	char host[SHM_URL_MAX];
@@ -612,7 +589,7 @@ pd_build_body(struct pd_req *rq)
 	        "") == -1)
 		goto out;
 	if (rq->pr_nlegs > PD_ENCODE) {
-		const struct decision *ed = &rq->pr_legs[PD_ENCODE].lg_d;
+		const struct decision *ed = &rq->pr_legs[PD_ENCODE].lg_x->xl_d;
 
 		if (pd_bootstrap_host(ed->dc_url, host, sizeof(host)) == -1)
 			snprintf(host, sizeof(host), "%s", "localhost");
@@ -651,8 +628,8 @@ pd_rank_bodies(struct pd_req *rq)
 		lg->lg_body = NULL;
 		lg->lg_body_len = 0;
 	}
-	pr = pd_dp_rank(rq->pr_legs[PD_PREFILL].lg_d.dc_url);
-	dr = pd_dp_rank(rq->pr_legs[PD_DECODE].lg_d.dc_url);
+	pr = pd_dp_rank(rq->pr_legs[PD_PREFILL].lg_x->xl_d.dc_url);
+	dr = pd_dp_rank(rq->pr_legs[PD_DECODE].lg_x->xl_d.dc_url);
 	if (pr < 0 && dr < 0)
 		return 0;
 	if (pr >= 0) {
@@ -690,48 +667,44 @@ pd_start(struct conn *c, const struct http_request *hr,
 	struct pd_req *rq;
 	const char *code;
 	char msg[FE_MSG_MAX];
-	int status, n;
-	unsigned i;
+	int status;
+	unsigned i, nlegs = cf->cf_epd_disaggregation ? 3 : 2;
 
-	if ((rq = calloc(1, sizeof(*rq))) == NULL) {
+	if ((rq = conn_alloc(c, sizeof(*rq))) == NULL ||
+	    conn_on_end(c, pd_free, rq) == -1 ||
+	    (rq->pr_ex = exchange_new(c, &rq->pr_in, ep, "pd", nlegs,
+	         pd_leg_proto, pd_leg_names, &pd_ops, rq)) == NULL) {
 		conn_error(c, 503, "out_of_memory", "Out of memory", request_id,
 		    0);
-		local_count_response(hr, 503);
 		return;
 	}
 	rq->pr_conn = c;
 	rq->pr_hr = hr;
-	rq->pr_ep = ep;
-	rq->pr_start = ev_now(fe->fe_loop);
-	rq->pr_nlegs = cf->cf_epd_disaggregation ? 3 : 2;
+	rq->pr_nlegs = nlegs;
 	snprintf(rq->pr_id, sizeof(rq->pr_id), "%s", request_id);
-	snprintf(rq->pr_model, sizeof(rq->pr_model), "%s", "unknown");
-	retry_policy_from_config(&rq->pr_rp, cf);
-	ev_init(&rq->pr_backoff, pd_backoff_cb);
-	rq->pr_backoff.data = rq;
 	for (i = 0; i < PD_NLEGS; i++) {
 		rq->pr_legs[i].lg_rq = rq;
 		rq->pr_legs[i].lg_index = (enum pd_leg_index)i;
+		rq->pr_legs[i].lg_x = &rq->pr_ex->ex_legs[i];
 	}
 	conn_set_handler(c, &pd_handler, rq);
-	n = snprintf(rq->pr_path, sizeof(rq->pr_path), "%s%s%s", hr->hr_path,
+	/* The router bounds the target below PD_PATH_MAX. */
+	snprintf(rq->pr_path, sizeof(rq->pr_path), "%s%s%s", hr->hr_path,
 	    hr->hr_has_query ? "?" : "", hr->hr_query);
-	if (n < 0 || (size_t)n >= sizeof(rq->pr_path)) {
-		pd_fail(rq, 400, "invalid_request", "Request target too long",
-		    0);
-		return;
-	}
 	if (extract_inputs(ep, hr->hr_body, hr->hr_body_len, hr,
 	        (const char *const *)cf->cf_routing_key_headers,
 	        cf->cf_routing_key_headers_n, cf->cf_routing_key_override,
 	        &rq->pr_in, &status, &code, msg, sizeof(msg)) == -1) {
-		pd_fail(rq, status, code, msg, 0);
+		exchange_fail(rq->pr_ex, status, code, msg, 0);
 		return;
 	}
-	rq->pr_streaming = rq->pr_in.ei_stream;
+	rq->pr_ex->ex_streaming = rq->pr_in.ei_stream;
+	rq->pr_ex->ex_prompt_tokens = rq->pr_in.ei_has_tokens
+	    ? rq->pr_in.ei_ntokens
+	    : (rq->pr_in.ei_size + 3) / 4;
 	/* A streamed batch interleaves its sequences: not merged. */
 	rq->pr_merge = pd_wants_logprob(rq->pr_in.ei_json) &&
-	    !(rq->pr_streaming && rq->pr_in.ei_is_batch);
+	    !(rq->pr_in.ei_stream && rq->pr_in.ei_is_batch);
 	if (rq->pr_in.ei_model != NULL) {
 		/* Route by the canonical id of an alias. */
 		const char *canon = fallback_canonical(cf, rq->pr_in.ei_model);
@@ -739,7 +712,7 @@ pd_start(struct conn *c, const struct http_request *hr,
 
 		if (strcmp(canon, rq->pr_in.ei_model) != 0) {
 			if ((m = strdup(canon)) == NULL) {
-				pd_fail(rq, 503, "out_of_memory",
+				exchange_fail(rq->pr_ex, 503, "out_of_memory",
 				    "Out of memory", 0);
 				return;
 			}
@@ -747,90 +720,32 @@ pd_start(struct conn *c, const struct http_request *hr,
 			rq->pr_in.ei_model = m;
 		}
 	}
-	pd_select(rq);
+	exchange_route(rq->pr_ex);
 }
 
-/* One routing question per leg, in the same loop turn (one batch). */
+/* What a failed attempt left behind, before the next one. */
 static void
-pd_select(struct pd_req *rq)
+pd_reset(void *arg)
 {
-	struct pd_leg *lg;
+	struct pd_req *rq = arg;
 	unsigned i;
 
-	pd_undispatched(rq);
-	rq->pr_pending = rq->pr_nlegs;
-	for (i = 0; i < rq->pr_nlegs; i++) {
-		lg = &rq->pr_legs[i];
-		lg->lg_decided = false;
-		lg->lg_di.di_in = &rq->pr_in;
-		lg->lg_di.di_leg = pd_leg_proto[i];
-		lg->lg_di.di_attempt = rq->pr_attempt;
-		lg->lg_di.di_exclude = lg->lg_exclude;
-		lg->lg_di.di_nexclude = lg->lg_nexclude;
-		lg->lg_di.di_cb = pd_decided;
-		lg->lg_di.di_arg = lg;
-		decide_submit(&lg->lg_di);
+	for (i = 0; i < PD_NLEGS; i++) {
+		free(rq->pr_legs[i].lg_body);
+		rq->pr_legs[i].lg_body = NULL;
+		rq->pr_legs[i].lg_len = 0;
 	}
-}
-
-static void
-pd_decided(void *arg, const struct decision *d)
-{
-	struct pd_leg *lg = arg, *bad = NULL;
-	struct pd_req *rq = lg->lg_rq;
-	char labels[SHM_SERIES_NAME_MAX];
-	unsigned i;
-
-	lg->lg_d = *d;
-	lg->lg_decided = true;
-	lg->lg_outcome_due = d->dc_ok;
-	if (--rq->pr_pending > 0)
-		return;
-	for (i = 0; i < rq->pr_nlegs && bad == NULL; i++)
-		if (!rq->pr_legs[i].lg_d.dc_ok)
-			bad = &rq->pr_legs[i];
-	if (bad != NULL) {
-		d = &bad->lg_d;
-		if (retry_status_retryable(d->dc_status) && !d->dc_terminal &&
-		    pd_can_retry(rq)) {
-			pd_retry(rq, NULL);
-			return;
-		}
-		pd_fail(rq, d->dc_status, d->dc_code, d->dc_message,
-		    (int)d->dc_retry_after);
-		return;
-	}
-	d = &rq->pr_legs[PD_DECODE].lg_d;
-	snprintf(rq->pr_model, sizeof(rq->pr_model), "%s",
-	    d->dc_model[0] != '\0' ? d->dc_model : "unknown");
-	for (i = 0; i < rq->pr_nlegs; i++) {
-		d = &rq->pr_legs[i].lg_d;
-		/* The broker counts its own selections; count local ones. */
-		if (!d->dc_fallback)
-			continue;
-		snprintf(labels, sizeof(labels),
-		    "worker_type=\"%s\",connection_mode=\"http\",model=\"%s\","
-		    "policy=\"%s\"",
-		    pd_leg_names[i], rq->pr_model,
-		    d->dc_policy[0] != '\0' ? d->dc_policy : "unknown");
-		stats_add("smg_worker_selection_total", labels, 1);
-	}
-	/* A leg overloaded since the decision (gateway.md §8): shed. */
-	for (i = 0; i < rq->pr_nlegs; i++) {
-		if (decide_dispatch_shed(&rq->pr_legs[i].lg_d)) {
-			pd_fail(rq, 503, "no_available_workers",
-			    "All workers are overloaded",
-			    (int)fe->fe_cf->cf_load_monitor_interval);
-			return;
-		}
-	}
-	pd_dispatch(rq);
+	free(rq->pr_dh);
+	rq->pr_dh = NULL;
+	rq->pr_ndh = 0;
+	rq->pr_paused = false;
 }
 
 /* Sends every leg at once (gateway.md §11.3). */
 static void
-pd_dispatch(struct pd_req *rq)
+pd_dispatch(void *arg)
 {
+	struct pd_req *rq = arg;
 	struct upstream_header hdrs[HDR_UPSTREAM_MAX];
 	char auth[SHM_KEY_MAX + 16], url[SHM_URL_MAX];
 	struct pd_leg *lg;
@@ -838,11 +753,10 @@ pd_dispatch(struct pd_req *rq)
 	unsigned i;
 
 	if (pd_build_body(rq) == -1) {
-		pd_fail(rq, 400, "request_preparation_failed",
+		exchange_fail(rq->pr_ex, 400, "request_preparation_failed",
 		    "Failed to add the bootstrap fields to the request", 0);
 		return;
 	}
-	rq->pr_head_sent = false;
 	for (i = 0; i < rq->pr_nlegs; i++) {
 		lg = &rq->pr_legs[i];
 		lg->lg_status = 0;
@@ -850,24 +764,19 @@ pd_dispatch(struct pd_req *rq)
 		lg->lg_err = UPSTREAM_OK;
 		lg->lg_len = 0;
 		lg->lg_overflow = false;
-		lg->lg_sent = ev_now(fe->fe_loop);
-		n = hdr_upstream(rq->pr_hr, rq->pr_id, lg->lg_d.dc_api_key,
-		    true, auth, sizeof(auth), hdrs, HDR_UPSTREAM_MAX);
-		lg->lg_up = upstream_request(fe->fe_up,
-		    pd_send_url(lg->lg_d.dc_url, url, sizeof(url)), "POST",
-		    rq->pr_path, hdrs, n,
-		    lg->lg_body != NULL ? lg->lg_body : rq->pr_body,
-		    lg->lg_body != NULL ? lg->lg_body_len : rq->pr_body_len,
-		    &pd_cbs, lg);
-		if (lg->lg_up == NULL) {
-			pd_attempt_failed(rq, lg, 500,
-			    "call_upstream_request_error",
-			    "Failed to send the request to the worker", true);
+		n = hdr_upstream(rq->pr_hr, rq->pr_id,
+		    lg->lg_x->xl_d.dc_api_key, true, auth, sizeof(auth), hdrs,
+		    HDR_UPSTREAM_MAX);
+		if (exchange_dispatch(rq->pr_ex, i,
+		        upstream_request(fe->fe_up,
+		            pd_send_url(lg->lg_x->xl_d.dc_url, url,
+		                sizeof(url)),
+		            "POST", rq->pr_path, hdrs, n,
+		            lg->lg_body != NULL ? lg->lg_body : rq->pr_body,
+		            lg->lg_body != NULL ? lg->lg_body_len
+		                                : rq->pr_body_len,
+		            &pd_cbs, lg)) == -1)
 			return;
-		}
-		lg->lg_dispatched = true;
-		shm_inflight_inc(fe->fe_shm, fe->fe_row, lg->lg_d.dc_slot);
-		lg->lg_inflight = true;
 	}
 }
 
@@ -894,10 +803,7 @@ pd_on_head(void *arg, int status, const struct upstream_header *h, size_t n)
 
 	lg->lg_status = status;
 	if (lg->lg_index != PD_DECODE) {
-		if (status < 200 || status >= 300) {
-			/* This leg failed: nothing may wait for it. */
-			pd_stop_legs(rq, (int)lg->lg_index);
-		}
+		/* A failed leg answers once its error body is read. */
 		pd_progress(rq);
 		return;
 	}
@@ -907,8 +813,8 @@ pd_on_head(void *arg, int status, const struct upstream_header *h, size_t n)
 			need += h[i].uh_name_len + h[i].uh_value_len + 2;
 		rq->pr_dh = malloc(n * sizeof(*rq->pr_dh) + need + 1);
 		if (rq->pr_dh == NULL) {
-			pd_attempt_failed(rq, lg, 503, "out_of_memory",
-			    "Out of memory", false);
+			exchange_next(rq->pr_ex, lg->lg_index,
+			    EXCHANGE_NO_MEMORY, 0, NULL);
 			return;
 		}
 		p = (char *)(rq->pr_dh + n);
@@ -926,9 +832,9 @@ pd_on_head(void *arg, int status, const struct upstream_header *h, size_t n)
 		}
 		rq->pr_ndh = n;
 		/* A body to merge is read whole before the client sees it. */
-		if (!rq->pr_merge || rq->pr_streaming) {
+		if (!rq->pr_merge || rq->pr_ex->ex_streaming) {
 			rq->pr_paused = true;
-			upstream_pause(lg->lg_up);
+			upstream_pause(lg->lg_x->xl_up);
 		}
 	}
 	pd_progress(rq);
@@ -943,7 +849,7 @@ pd_on_body(void *arg, const char *data, size_t len)
 
 	if (len == 0)
 		return;
-	if (lg->lg_index == PD_DECODE && rq->pr_head_sent) {
+	if (lg->lg_index == PD_DECODE && rq->pr_ex->ex_relayed) {
 		pd_relay(rq, data, len);
 		return;
 	}
@@ -956,29 +862,29 @@ pd_on_body(void *arg, const char *data, size_t len)
 		return;
 	}
 	if (lg->lg_index == PD_DECODE && ok && rq->pr_merge &&
-	    !rq->pr_streaming) {
+	    !rq->pr_ex->ex_streaming) {
 		if (lg->lg_len + len <= PD_MERGE_MAX) {
 			if (pd_keep(lg, data, len, PD_MERGE_MAX) == -1)
-				pd_attempt_failed(rq, lg, 503, "out_of_memory",
-				    "Out of memory", false);
+				exchange_next(rq->pr_ex, lg->lg_index,
+				    EXCHANGE_NO_MEMORY, 0, NULL);
 			return;
 		}
 		/* Too big to merge: relayed unchanged, as without merging. */
 		rq->pr_merge = false;
 		if (pd_keep(lg, data, len, lg->lg_len + len) == -1) {
-			pd_attempt_failed(rq, lg, 503, "out_of_memory",
-			    "Out of memory", false);
+			exchange_next(rq->pr_ex, lg->lg_index,
+			    EXCHANGE_NO_MEMORY, 0, NULL);
 			return;
 		}
 		rq->pr_paused = true;
-		upstream_pause(lg->lg_up);
+		upstream_pause(lg->lg_x->xl_up);
 		pd_progress(rq);
 		return;
 	}
 	if (pd_keep(lg, data, len, FE_FANOUT_BODY_MAX) == -1 ||
 	    (ok && lg->lg_overflow)) {
-		pd_attempt_failed(rq, lg, 503, "out_of_memory", "Out of memory",
-		    false);
+		exchange_next(rq->pr_ex, lg->lg_index, EXCHANGE_NO_MEMORY, 0,
+		    NULL);
 		return;
 	}
 }
@@ -991,42 +897,34 @@ pd_on_done(void *arg, enum upstream_error err)
 	struct conn *c = rq->pr_conn;
 	char labels[SHM_SERIES_NAME_MAX];
 
-	lg->lg_up = NULL;
+	lg->lg_x->xl_up = NULL;
 	lg->lg_done = true;
 	lg->lg_err = err;
 	if (err != UPSTREAM_OK) {
-		if (lg->lg_index == PD_DECODE && rq->pr_head_sent) {
+		if (lg->lg_index == PD_DECODE && rq->pr_ex->ex_relayed) {
 			/* Cut mid-body: the client sees the connection end. */
-			pd_outcomes(rq, lg->lg_status, NULL);
-			pd_stop_legs(rq, -1);
-			pd_count(rq, lg->lg_status, false);
-			rq->pr_conn = NULL;
+			exchange_finish(rq->pr_ex, lg->lg_status, false);
 			conn_flush(c);
 			conn_request_abort(c);
-			pd_free(rq);
 			return;
 		}
-		if (rq->pr_head_sent)
+		if (rq->pr_ex->ex_relayed)
 			return; /* a finished prefill's body broke: harmless */
 		if (lg->lg_index != PD_DECODE)
 			stats_add("smg_pd_bootstrap_failures_total", "", 1);
-		if (err == UPSTREAM_TIMEOUT)
-			pd_attempt_failed(rq, lg, 504, "call_upstream_timeout",
-			    "The worker did not answer in time", true);
-		else
-			pd_attempt_failed(rq, lg, 502, "pd_request_failed",
-			    "PD disaggregation request failed", true);
+		exchange_next(rq->pr_ex, lg->lg_index, exchange_failure_of(err),
+		    0, NULL);
 		return;
 	}
 	if (lg->lg_index == PD_PREFILL && lg->lg_status >= 200 &&
 	    lg->lg_status < 300) {
 		snprintf(labels, sizeof(labels),
 		    "backend_type=\"pd\",model=\"%s\",runtime=\"%s\"",
-		    rq->pr_model, pd_runtime());
+		    rq->pr_ex->ex_model, pd_runtime());
 		stats_observe("smg_pd_prefill_duration_seconds", labels,
-		    ev_now(fe->fe_loop) - lg->lg_sent);
+		    ev_now(fe->fe_loop) - lg->lg_x->xl_sent);
 	}
-	if (lg->lg_index == PD_DECODE && rq->pr_head_sent) {
+	if (lg->lg_index == PD_DECODE && rq->pr_ex->ex_relayed) {
 		pd_finish(rq, true);
 		return;
 	}
@@ -1044,7 +942,7 @@ pd_progress(struct pd_req *rq)
 	bool pending = false;
 	unsigned i;
 
-	if (rq->pr_head_sent)
+	if (rq->pr_ex->ex_relayed)
 		return;
 	for (i = 0; i < rq->pr_nlegs; i++) {
 		lg = &rq->pr_legs[i];
@@ -1066,7 +964,7 @@ pd_progress(struct pd_req *rq)
 	if (pending || dec->lg_status == 0)
 		return;
 	if (dec->lg_status >= 200 && dec->lg_status < 300) {
-		if (rq->pr_merge && !rq->pr_streaming && !dec->lg_done)
+		if (rq->pr_merge && !rq->pr_ex->ex_streaming && !dec->lg_done)
 			return;
 		pd_release(rq);
 		return;
@@ -1092,13 +990,13 @@ pd_release(struct pd_req *rq)
 	if (rq->pr_plp == NULL)
 		rq->pr_merge = false;
 	keep_length = hdr_find(h, nh, "content-length") != NULL &&
-	    !(rq->pr_merge && rq->pr_streaming);
-	if (rq->pr_merge && !rq->pr_streaming) {
+	    !(rq->pr_merge && rq->pr_ex->ex_streaming);
+	if (rq->pr_merge && !rq->pr_ex->ex_streaming) {
 		/* The whole body is here: its length replaces the worker's. */
 		if (pd_merge_whole(rq) == -1 ||
 		    (h = malloc((nh + 1) * sizeof(*h))) == NULL) {
-			pd_attempt_failed(rq, dec, 503, "out_of_memory",
-			    "Out of memory", false);
+			exchange_next(rq->pr_ex, PD_DECODE, EXCHANGE_NO_MEMORY,
+			    0, NULL);
 			return;
 		}
 		for (i = 0, nh = 0; i < rq->pr_ndh; i++)
@@ -1116,10 +1014,10 @@ pd_release(struct pd_req *rq)
 	rq->pr_chunked = !keep_length && conn_http_minor(c) >= 1;
 	if (!keep_length && !rq->pr_chunked)
 		conn_set_close(c); /* HTTP/1.0: the close ends the body */
-	hdr_response_head(conn_out(c), dec->lg_status, h, nh, keep_length,
-	    rq->pr_streaming, rq->pr_chunked, rq->pr_id, dec->lg_d.dc_url,
-	    conn_keep_alive(c));
-	rq->pr_head_sent = true;
+	conn_relay_head(c, dec->lg_status, h, nh, keep_length,
+	    rq->pr_ex->ex_streaming, rq->pr_chunked, rq->pr_id,
+	    dec->lg_x->xl_d.dc_url);
+	rq->pr_ex->ex_relayed = true;
 	if (h != rq->pr_dh)
 		free(h);
 	free(rq->pr_dh);
@@ -1136,7 +1034,7 @@ pd_release(struct pd_req *rq)
 	}
 	if (rq->pr_paused && conn_pending(c) <= FE_OUT_HIGH) {
 		rq->pr_paused = false;
-		upstream_resume(dec->lg_up);
+		upstream_resume(dec->lg_x->xl_up);
 	}
 }
 
@@ -1212,7 +1110,7 @@ pd_sse_feed(struct pd_req *rq, const char *data, size_t len)
 static void
 pd_relay(struct pd_req *rq, const char *data, size_t len)
 {
-	if (rq->pr_merge && rq->pr_streaming)
+	if (rq->pr_merge && rq->pr_ex->ex_streaming)
 		pd_sse_feed(rq, data, len);
 	else
 		pd_emit(rq, data, len);
@@ -1231,9 +1129,9 @@ pd_emit(struct pd_req *rq, const char *data, size_t len)
 		rq->pr_ttft_done = true;
 		snprintf(labels, sizeof(labels),
 		    "backend_type=\"pd\",model=\"%s\",runtime=\"%s\"",
-		    rq->pr_model, pd_runtime());
+		    rq->pr_ex->ex_model, pd_runtime());
 		stats_observe("smg_pd_ttft_seconds", labels,
-		    ev_now(fe->fe_loop) - rq->pr_start);
+		    ev_now(fe->fe_loop) - rq->pr_ex->ex_start);
 	}
 	if (rq->pr_chunked) {
 		n = snprintf(sz, sizeof(sz), "%zx\r\n", len);
@@ -1244,9 +1142,9 @@ pd_emit(struct pd_req *rq, const char *data, size_t len)
 		http_out_append(o, data, len);
 	conn_flush(c);
 	if (!rq->pr_paused && conn_pending(c) > FE_OUT_HIGH &&
-	    dec->lg_up != NULL) {
+	    dec->lg_x->xl_up != NULL) {
 		rq->pr_paused = true;
-		upstream_pause(dec->lg_up);
+		upstream_pause(dec->lg_x->xl_up);
 	}
 }
 
@@ -1256,25 +1154,16 @@ pd_finish(struct pd_req *rq, bool ok)
 {
 	struct pd_leg *dec = &rq->pr_legs[PD_DECODE];
 	struct conn *c = rq->pr_conn;
-	char labels[128];
 
-	pd_outcomes(rq, dec->lg_status, NULL);
-	snprintf(labels, sizeof(labels),
-	    "router_type=\"http\",status_code=\"%d\",error_code=\"\"",
-	    dec->lg_status);
-	stats_add("smg_router_upstream_responses_total", labels, 1);
-	pd_stop_legs(rq, -1);
-	pd_count(rq, dec->lg_status, ok && dec->lg_status < 400);
+	exchange_finish(rq->pr_ex, dec->lg_status, ok);
 	if (rq->pr_sse_len > 0) {
 		/* The stream ended inside an event: sent as it came. */
 		pd_emit(rq, rq->pr_sse, rq->pr_sse_len);
 		rq->pr_sse_len = 0;
 	}
-	rq->pr_conn = NULL;
 	if (rq->pr_chunked)
 		http_out_append(conn_out(c), "0\r\n\r\n", 5);
 	conn_request_done(c);
-	pd_free(rq);
 }
 
 /*
@@ -1304,50 +1193,16 @@ pd_worker_message(const char *body, size_t len, char *out, size_t outlen)
 	cJSON_Delete(j);
 }
 
-/* The error code of gateway.md §11.4-§11.5 for a leg's status. */
-static int
-pd_map_status(const char *leg, int status, char *code, size_t len)
-{
-	const char *what;
-	int out = status;
-
-	switch (status) {
-	case 400:
-		what = "bad_request";
-		break;
-	case 404:
-		what = "not_found";
-		break;
-	case 500:
-		what = "internal_error";
-		break;
-	case 502:
-		what = "bad_gateway";
-		break;
-	case 503:
-		what = "unavailable";
-		break;
-	default:
-		what = "error";
-		out = 500;
-		break;
-	}
-	snprintf(code, len, "%s_%s", leg, what);
-	return out;
-}
-
 /* A leg other than decode answered non-2xx; its body is complete. */
 static void
 pd_leg_error(struct pd_req *rq, struct pd_leg *lg)
 {
-	char code[FE_CODE_MAX], msg[PD_MSG_MAX];
-	int status;
+	char msg[PD_MSG_MAX];
 
 	stats_add("smg_pd_bootstrap_failures_total", "", 1);
-	status = pd_map_status(pd_leg_names[lg->lg_index], lg->lg_status, code,
-	    sizeof(code));
 	pd_worker_message(lg->lg_buf, lg->lg_len, msg, sizeof(msg));
-	pd_attempt_failed(rq, lg, status, code, msg, false);
+	exchange_next(rq->pr_ex, lg->lg_index, EXCHANGE_WORKER_STATUS,
+	    lg->lg_status, msg);
 }
 
 /* The decode leg answered non-2xx (gateway.md §11.4). */
@@ -1355,22 +1210,18 @@ static void
 pd_decode_error(struct pd_req *rq, struct pd_leg *dec)
 {
 	struct conn *c = rq->pr_conn;
-	char code[FE_CODE_MAX], msg[PD_MSG_MAX];
+	char msg[PD_MSG_MAX];
 	cJSON *o, *e, *m;
 	char *s, *ev;
-	int status;
+	int status = dec->lg_status;
 
-	status = pd_map_status("decode", dec->lg_status, code, sizeof(code));
-	if (!rq->pr_streaming ||
-	    (retry_status_retryable(dec->lg_status) && pd_can_retry(rq))) {
+	if (!rq->pr_ex->ex_streaming || exchange_can_retry(rq->pr_ex, status)) {
 		pd_worker_message(dec->lg_buf, dec->lg_len, msg, sizeof(msg));
-		pd_attempt_failed(rq, dec, status, code, msg, false);
+		exchange_next(rq->pr_ex, PD_DECODE, EXCHANGE_WORKER_STATUS,
+		    status, msg);
 		return;
 	}
 	/* Streaming: an SSE error event with the decode status. */
-	status = dec->lg_status;
-	pd_outcomes(rq, status, NULL);
-	pd_stop_legs(rq, -1);
 	o = cJSON_CreateObject();
 	e = cJSON_AddObjectToObject(o, "error");
 	m = dec->lg_buf != NULL
@@ -1384,155 +1235,15 @@ pd_decode_error(struct pd_req *rq, struct pd_leg *dec)
 	cJSON_Delete(o);
 	if (s == NULL || (ev = malloc(strlen(s) + 9)) == NULL) {
 		cJSON_free(s);
-		pd_fail(rq, 503, "out_of_memory", "Out of memory", 0);
+		exchange_next(rq->pr_ex, PD_DECODE, EXCHANGE_NO_MEMORY, 0,
+		    NULL);
 		return;
 	}
 	sprintf(ev, "data: %s\n\n", s);
 	cJSON_free(s);
-	pd_count(rq, status, false);
-	rq->pr_conn = NULL;
+	exchange_finish(rq->pr_ex, status, false);
 	conn_respond(c, status, "text/event-stream", ev, strlen(ev), rq->pr_id);
 	free(ev);
-	pd_free(rq);
-}
-
-/*
- * An attempt failed before anything reached the client: every leg is
- * stopped and records the status, then retry or answer with the error.
- */
-static void
-pd_attempt_failed(struct pd_req *rq, struct pd_leg *lg, int status,
-    const char *code, const char *msg, bool transport)
-{
-	char labels[192];
-
-	pd_outcomes(rq, status, transport ? lg : NULL);
-	pd_stop_legs(rq, -1);
-	snprintf(labels, sizeof(labels),
-	    "router_type=\"http\",status_code=\"%d\",error_code=\"%s\"", status,
-	    code);
-	stats_add("smg_router_upstream_responses_total", labels, 1);
-	if (retry_status_retryable(status) && pd_can_retry(rq)) {
-		pd_retry(rq, lg);
-		return;
-	}
-	if (retry_status_retryable(status)) {
-		snprintf(labels, sizeof(labels),
-		    "worker_type=\"%s\",endpoint=\"%s\"",
-		    pd_leg_names[lg->lg_index],
-		    extract_endpoint_name(rq->pr_ep));
-		stats_add("smg_worker_retries_exhausted_total", labels, 1);
-	}
-	pd_fail(rq, status, code, msg, 0);
-}
-
-/* Cancels the legs still running (all, or all but `keep`) and ends their
- * in-flight counts. */
-static void
-pd_stop_legs(struct pd_req *rq, int keep)
-{
-	struct pd_leg *lg;
-	unsigned i;
-
-	for (i = 0; i < PD_NLEGS; i++) {
-		lg = &rq->pr_legs[i];
-		if ((int)i == keep)
-			continue;
-		if (lg->lg_up != NULL) {
-			upstream_cancel(lg->lg_up);
-			lg->lg_up = NULL;
-		}
-		if (lg->lg_inflight) {
-			lg->lg_inflight = false;
-			shm_inflight_dec(fe->fe_shm, fe->fe_row,
-			    lg->lg_d.dc_slot);
-		}
-	}
-	rq->pr_paused = false;
-}
-
-/* Each dispatched leg records the final status (gateway.md §7.2). */
-static void
-pd_outcomes(struct pd_req *rq, int status, const struct pd_leg *transport)
-{
-	struct pd_leg *lg;
-	unsigned i;
-
-	for (i = 0; i < rq->pr_nlegs; i++) {
-		lg = &rq->pr_legs[i];
-		if (!lg->lg_dispatched)
-			continue;
-		lg->lg_dispatched = false;
-		pd_leg_outcome(rq, lg, status != 0 ? status : 502,
-		    lg == transport, false);
-	}
-}
-
-/* The one outcome of a leg's decision (decide_outcome). */
-static void
-pd_leg_outcome(struct pd_req *rq, struct pd_leg *lg, int status, bool transport,
-    bool no_sample)
-{
-	if (!lg->lg_outcome_due)
-		return;
-	lg->lg_outcome_due = false;
-	decide_outcome_of(&lg->lg_d, &rq->pr_in, status, transport, no_sample);
-}
-
-/*
- * Legs whose decision brought no result (never sent, or the client went
- * away mid-request): their keys' in-flight ends, the breaker is not fed.
- */
-static void
-pd_undispatched(struct pd_req *rq)
-{
-	unsigned i;
-
-	for (i = 0; i < PD_NLEGS; i++) {
-		rq->pr_legs[i].lg_dispatched = false;
-		pd_leg_outcome(rq, &rq->pr_legs[i], 0, false, true);
-	}
-}
-
-static bool
-pd_can_retry(struct pd_req *rq)
-{
-	return !rq->pr_head_sent &&
-	    rq->pr_attempt + 1 < rq->pr_rp.rp_max_attempts;
-}
-
-/* Backs off, then selects a new pair (gateway.md §11.7). */
-static void
-pd_retry(struct pd_req *rq, const struct pd_leg *failed)
-{
-	struct pd_leg *lg;
-	char labels[128];
-	long ms;
-
-	if (failed != NULL) {
-		lg = &rq->pr_legs[failed->lg_index];
-		if (lg->lg_nexclude < FE_MAX_EXCLUDE)
-			lg->lg_exclude[lg->lg_nexclude++] = lg->lg_d.dc_slot;
-	}
-	ms = retry_backoff_ms(&rq->pr_rp, rq->pr_attempt, retry_unit());
-	snprintf(labels, sizeof(labels), "worker_type=\"%s\",endpoint=\"%s\"",
-	    failed != NULL ? pd_leg_names[failed->lg_index] : "prefill",
-	    extract_endpoint_name(rq->pr_ep));
-	stats_add("smg_worker_retries_total", labels, 1);
-	snprintf(labels, sizeof(labels), "attempt=\"%u\"", rq->pr_attempt + 1);
-	stats_observe("smg_worker_retry_backoff_seconds", labels,
-	    (double)ms / 1000.0);
-	rq->pr_attempt++;
-	ev_timer_set(&rq->pr_backoff, (double)ms / 1000.0, 0.);
-	ev_timer_start(fe->fe_loop, &rq->pr_backoff);
-}
-
-static void
-pd_backoff_cb(struct ev_loop *loop, ev_timer *w, int revents)
-{
-	(void)loop;
-	(void)revents;
-	pd_select(w->data);
 }
 
 static const char *
@@ -1541,37 +1252,14 @@ pd_runtime(void)
 	return fe->fe_cf->cf_backend != NULL ? fe->fe_cf->cf_backend : "sglang";
 }
 
+/* The request failed for good: the gateway's error answers it. */
 static void
-pd_count(struct pd_req *rq, int status, bool ok)
-{
-	local_count_response(rq->pr_hr, status);
-	stats_router_request("pd", rq->pr_model,
-	    extract_endpoint_name(rq->pr_ep), rq->pr_streaming, ok,
-	    ev_now(fe->fe_loop) - rq->pr_start);
-}
-
-/* Answers with a gateway error and ends the request. */
-static void
-pd_fail(struct pd_req *rq, int status, const char *code, const char *msg,
+pd_failed(void *arg, int status, const char *code, const char *msg,
     int retry_after)
-{
-	struct conn *c = rq->pr_conn;
-
-	pd_count(rq, status, false);
-	stats_router_error("pd", rq->pr_model, extract_endpoint_name(rq->pr_ep),
-	    code);
-	rq->pr_conn = NULL;
-	conn_error(c, status, code, msg, rq->pr_id, retry_after);
-	pd_free(rq);
-}
-
-static void
-pd_gone(void *arg)
 {
 	struct pd_req *rq = arg;
 
-	rq->pr_conn = NULL;
-	pd_free(rq);
+	conn_error(rq->pr_conn, status, code, msg, rq->pr_id, retry_after);
 }
 
 static void
@@ -1580,22 +1268,21 @@ pd_drained(void *arg)
 	struct pd_req *rq = arg;
 	struct pd_leg *dec = &rq->pr_legs[PD_DECODE];
 
-	if (rq->pr_paused && rq->pr_head_sent && dec->lg_up != NULL) {
+	if (rq->pr_paused && rq->pr_ex->ex_relayed &&
+	    dec->lg_x->xl_up != NULL) {
 		rq->pr_paused = false;
-		upstream_resume(dec->lg_up);
+		upstream_resume(dec->lg_x->xl_up);
 	}
 }
 
+/* The request's end hook (runs after the exchange's: the legs are
+ * over by then). */
 static void
-pd_free(struct pd_req *rq)
+pd_free(void *arg)
 {
+	struct pd_req *rq = arg;
 	unsigned i;
 
-	ev_timer_stop(fe->fe_loop, &rq->pr_backoff);
-	for (i = 0; i < PD_NLEGS; i++)
-		decide_cancel(&rq->pr_legs[i].lg_di);
-	pd_stop_legs(rq, -1);
-	pd_undispatched(rq);
 	for (i = 0; i < PD_NLEGS; i++) {
 		free(rq->pr_legs[i].lg_buf);
 		free(rq->pr_legs[i].lg_body);
@@ -1605,7 +1292,6 @@ pd_free(struct pd_req *rq)
 	free(rq->pr_dh);
 	free(rq->pr_body);
 	extract_inputs_free(&rq->pr_in);
-	free(rq);
 }
 
 /* ------------------------------------------------- /health_generate */
@@ -1617,10 +1303,10 @@ pd_health_generate(struct conn *c, const struct http_request *hr,
 	struct pd_health *ph;
 	unsigned i;
 
-	if ((ph = calloc(1, sizeof(*ph))) == NULL) {
+	if ((ph = conn_alloc(c, sizeof(*ph))) == NULL ||
+	    conn_on_end(c, ph_free, ph) == -1) {
 		conn_error(c, 503, "out_of_memory", "Out of memory", request_id,
 		    0);
-		local_count_response(hr, 503);
 		return;
 	}
 	ph->ph_conn = c;
@@ -1657,11 +1343,8 @@ ph_decided(void *arg, const struct decision *d)
 		return;
 	if (!ph->ph_d[0].dc_ok || !ph->ph_d[1].dc_ok) {
 		c = ph->ph_conn;
-		ph->ph_conn = NULL;
-		local_count_response(ph->ph_hr, 503);
 		conn_error(c, 503, "no_healthy_worker_pair",
 		    "No healthy prefill/decode worker pair", ph->ph_id, 0);
-		ph_free(ph);
 		return;
 	}
 	for (i = 0; i < 2; i++) {
@@ -1745,31 +1428,19 @@ ph_finish(struct pd_health *ph)
 	}
 	if (ok && !over)
 		return;
-	ph->ph_conn = NULL;
-	if (ok) {
-		local_count_response(ph->ph_hr, 200);
+	if (ok)
 		conn_respond(c, 200, "text/plain", "OK", 2, ph->ph_id);
-	} else {
-		local_count_response(ph->ph_hr, 503);
+	else
 		conn_error(c, 503, "health_generate_failed",
 		    "Health generate failed on the prefill or decode worker",
 		    ph->ph_id, 0);
-	}
-	ph_free(ph);
 }
 
+/* The request's end hook: probes and decisions still open. */
 static void
-ph_gone(void *arg)
+ph_free(void *arg)
 {
 	struct pd_health *ph = arg;
-
-	ph->ph_conn = NULL;
-	ph_free(ph);
-}
-
-static void
-ph_free(struct pd_health *ph)
-{
 	unsigned i;
 
 	ev_timer_stop(fe->fe_loop, &ph->ph_timer);
@@ -1777,6 +1448,6 @@ ph_free(struct pd_health *ph)
 		decide_cancel(&ph->ph_di[i]);
 		if (ph->ph_up[i] != NULL)
 			upstream_cancel(ph->ph_up[i]);
+		ph->ph_up[i] = NULL;
 	}
-	free(ph);
 }

@@ -146,3 +146,66 @@ stats_router_error(const char *backend, const char *model, const char *endpoint,
 	    backend, model, endpoint, error_type);
 	stats_add("smg_router_request_errors_total", labels, 1);
 }
+
+static const char *const stats_paths[] = {
+	"/generate",
+	"/v1/chat/completions",
+	"/v1/completions",
+	"/v1/embeddings",
+	"/v1/rerank",
+	"/rerank",
+	"/v1/classify",
+	"/v1/messages",
+	"/v1/responses",
+	"/health",
+	"/liveness",
+	"/readiness",
+	"/v1/models",
+	"/get_model_info",
+	"/get_server_info",
+	"/health_generate",
+	"/flush_cache",
+	"/get_loads",
+	"/workers",
+	"/metrics",
+};
+
+const char *
+stats_path_label(const char *path)
+{
+	size_t i;
+
+	for (i = 0; i < sizeof(stats_paths) / sizeof(stats_paths[0]); i++)
+		if (strcmp(path, stats_paths[i]) == 0)
+			return stats_paths[i];
+	if (strncmp(path, "/workers/", 9) == 0)
+		return "/workers/{id}";
+	return "other";
+}
+
+const char *
+stats_method_label(const struct http_request *hr)
+{
+	switch (hr->hr_method) {
+	case HTTP_GET:
+	case HTTP_POST:
+	case HTTP_PUT:
+	case HTTP_DELETE:
+	case HTTP_PATCH:
+	case HTTP_HEAD:
+		return hr->hr_method_str;
+	default:
+		return "other";
+	}
+}
+
+void
+stats_http_response(const char *method, const char *path, int status)
+{
+	char labels[160];
+
+	snprintf(labels, sizeof(labels),
+	    "method=\"%s\",path=\"%s\",status_code=\"%d\"", method, path,
+	    status);
+	stats_add("smg_http_responses_total", labels, 1);
+}

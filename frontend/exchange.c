@@ -1,0 +1,459 @@
+/*
+ * exchange.c: a request's life upstream, for the single and the PD path
+ * (see frontend.h). Three rules live here and nowhere else: a request is
+ * counted in flight on its worker in exchange_dispatch and released in
+ * exchange_end; a failed attempt becomes a status, an error code and a
+ * retry-or-fail choice in exchange_next; every decision gets exactly one
+ * outcome. The re-send of a request on a stale pooled connection is the
+ * upstream client's (upstream.c), never repeated here.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "frontend/frontend.h"
+#include "shared/log.h"
+
+static void exchange_decided(void *, const struct decision *);
+static void exchange_backoff_cb(struct ev_loop *, ev_timer *, int);
+static void exchange_cleanup(void *);
+static void exchange_end_all(struct exchange *, int,
+    const struct exchange_leg *, bool);
+static void exchange_count(struct exchange *, bool, const char *);
+
+struct exchange *
+exchange_new(struct conn *c, const struct extract_inputs *in,
+    enum extract_endpoint ep, const char *backend, unsigned nlegs,
+    const unsigned *legs, const char *const *names,
+    const struct exchange_ops *ops, void *arg)
+{
+	struct exchange *ex;
+	unsigned i;
+
+	if (nlegs == 0 || nlegs > EXCHANGE_MAX_LEGS)
+		return NULL;
+	if ((ex = conn_alloc(c, sizeof(*ex))) == NULL ||
+	    conn_on_end(c, exchange_cleanup, ex) == -1)
+		return NULL;
+	ex->ex_conn = c;
+	ex->ex_in = in;
+	ex->ex_ep = ep;
+	ex->ex_backend = backend;
+	ex->ex_ops = ops;
+	ex->ex_arg = arg;
+	ex->ex_nlegs = nlegs;
+	ex->ex_start = ev_now(fe->fe_loop);
+	snprintf(ex->ex_model, sizeof(ex->ex_model), "%s", "unknown");
+	retry_policy_from_config(&ex->ex_rp, fe->fe_cf);
+	ev_init(&ex->ex_backoff, exchange_backoff_cb);
+	ex->ex_backoff.data = ex;
+	for (i = 0; i < nlegs; i++) {
+		ex->ex_legs[i].xl_ex = ex;
+		ex->ex_legs[i].xl_leg = legs[i];
+		ex->ex_legs[i].xl_name = names[i];
+	}
+	return ex;
+}
+
+void
+exchange_fix(struct exchange *ex, unsigned slot, const struct shm_worker *w)
+{
+	struct decision *d = &ex->ex_legs[0].xl_d;
+
+	ex->ex_fixed = true;
+	ex->ex_rp.rp_max_attempts = 1;
+	d->dc_ok = true;
+	d->dc_slot = slot;
+	d->dc_generation = w->sw_generation;
+	snprintf(d->dc_url, sizeof(d->dc_url), "%s", w->sw_url);
+	snprintf(d->dc_api_key, sizeof(d->dc_api_key), "%s", w->sw_api_key);
+	ex->ex_legs[0].xl_decided = true;
+}
+
+void
+exchange_route(struct exchange *ex)
+{
+	struct exchange_leg *xl;
+	unsigned i;
+
+	ex->ex_undecided = ex->ex_nlegs;
+	for (i = 0; i < ex->ex_nlegs; i++) {
+		xl = &ex->ex_legs[i];
+		xl->xl_decided = false;
+		xl->xl_di.di_in = ex->ex_in;
+		xl->xl_di.di_leg = xl->xl_leg;
+		xl->xl_di.di_attempt = ex->ex_attempt;
+		xl->xl_di.di_exclude = xl->xl_exclude;
+		xl->xl_di.di_nexclude = xl->xl_nexclude;
+		xl->xl_di.di_cb = exchange_decided;
+		xl->xl_di.di_arg = xl;
+		decide_submit(&xl->xl_di);
+	}
+}
+
+bool
+exchange_can_retry(const struct exchange *ex, int status)
+{
+	return !ex->ex_fixed && !ex->ex_relayed &&
+	    retry_status_retryable(status) &&
+	    ex->ex_attempt + 1 < ex->ex_rp.rp_max_attempts;
+}
+
+/* Backs off, then routes again (gateway.md §7.1, §11.7). */
+static void
+exchange_retry(struct exchange *ex, const struct exchange_leg *failed)
+{
+	char labels[128];
+	long ms;
+
+	ms = retry_backoff_ms(&ex->ex_rp, ex->ex_attempt, retry_unit());
+	snprintf(labels, sizeof(labels), "worker_type=\"%s\",endpoint=\"%s\"",
+	    failed != NULL ? failed->xl_name : ex->ex_legs[0].xl_name,
+	    extract_endpoint_name(ex->ex_ep));
+	stats_add("smg_worker_retries_total", labels, 1);
+	snprintf(labels, sizeof(labels), "attempt=\"%u\"", ex->ex_attempt + 1);
+	stats_observe("smg_worker_retry_backoff_seconds", labels,
+	    (double)ms / 1000.0);
+	ex->ex_attempt++;
+	if (ex->ex_ops->xo_reset != NULL)
+		ex->ex_ops->xo_reset(ex->ex_arg);
+	ev_timer_set(&ex->ex_backoff, (double)ms / 1000.0, 0.);
+	ev_timer_start(fe->fe_loop, &ex->ex_backoff);
+}
+
+static void
+exchange_backoff_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	(void)loop;
+	(void)revents;
+	exchange_route(w->data);
+}
+
+static void
+exchange_exhausted(struct exchange *ex, const struct exchange_leg *failed)
+{
+	char labels[128];
+
+	snprintf(labels, sizeof(labels), "worker_type=\"%s\",endpoint=\"%s\"",
+	    failed->xl_name, extract_endpoint_name(ex->ex_ep));
+	stats_add("smg_worker_retries_exhausted_total", labels, 1);
+}
+
+void
+exchange_fail(struct exchange *ex, int status, const char *code,
+    const char *msg, int retry_after)
+{
+	exchange_end_all(ex, 0, NULL, true);
+	exchange_count(ex, false, code);
+	ex->ex_ops->xo_failed(ex->ex_arg, status, code, msg, retry_after);
+}
+
+static void
+exchange_decided(void *arg, const struct decision *d)
+{
+	struct exchange_leg *xl = arg, *bad = NULL;
+	struct exchange *ex = xl->xl_ex;
+	char labels[SHM_SERIES_NAME_MAX];
+	const struct decision *md;
+	unsigned i;
+
+	xl->xl_d = *d;
+	xl->xl_decided = true;
+	xl->xl_outcome_due = d->dc_ok;
+	if (--ex->ex_undecided > 0)
+		return;
+	for (i = 0; i < ex->ex_nlegs && bad == NULL; i++)
+		if (!ex->ex_legs[i].xl_d.dc_ok)
+			bad = &ex->ex_legs[i];
+	if (bad != NULL) {
+		d = &bad->xl_d;
+		if (!d->dc_terminal && exchange_can_retry(ex, d->dc_status)) {
+			/* Nothing was sent: the decided legs' keys end. */
+			exchange_end_all(ex, 0, NULL, true);
+			exchange_retry(ex, NULL);
+			return;
+		}
+		if (!d->dc_terminal && retry_status_retryable(d->dc_status))
+			exchange_exhausted(ex, bad);
+		exchange_fail(ex, d->dc_status, d->dc_code, d->dc_message,
+		    (int)d->dc_retry_after);
+		return;
+	}
+	/* The model label: the decode leg's in PD, else the only leg's. */
+	md = &ex->ex_legs[ex->ex_nlegs > 1 ? 1 : 0].xl_d;
+	snprintf(ex->ex_model, sizeof(ex->ex_model), "%s",
+	    md->dc_model[0] != '\0' ? md->dc_model : "unknown");
+	for (i = 0; i < ex->ex_nlegs; i++) {
+		d = &ex->ex_legs[i].xl_d;
+		/* The broker counts its own selections; count local ones. */
+		if (!d->dc_fallback)
+			continue;
+		snprintf(labels, sizeof(labels),
+		    "worker_type=\"%s\",connection_mode=\"http\",model=\"%s\","
+		    "policy=\"%s\"",
+		    ex->ex_legs[i].xl_name, ex->ex_model,
+		    d->dc_policy[0] != '\0' ? d->dc_policy : "unknown");
+		stats_add("smg_worker_selection_total", labels, 1);
+	}
+	/* Overloaded since the decision (gateway.md §8): shed, terminal. */
+	for (i = 0; i < ex->ex_nlegs; i++) {
+		if (decide_dispatch_shed(&ex->ex_legs[i].xl_d)) {
+			exchange_fail(ex, 503, "no_available_workers",
+			    "All workers are overloaded",
+			    (int)fe->fe_cf->cf_load_monitor_interval);
+			return;
+		}
+	}
+	ex->ex_ops->xo_routed(ex->ex_arg);
+}
+
+int
+exchange_dispatch(struct exchange *ex, unsigned i, struct upstream_req *up)
+{
+	struct exchange_leg *xl = &ex->ex_legs[i];
+
+	if (up == NULL) {
+		exchange_next(ex, i, EXCHANGE_NO_REQUEST, 0, NULL);
+		return -1;
+	}
+	xl->xl_up = up;
+	xl->xl_sent = ev_now(fe->fe_loop);
+	xl->xl_first_byte = false;
+	xl->xl_ttfb = 0;
+	if (!xl->xl_inflight) {
+		xl->xl_inflight = true;
+		shm_inflight_inc(fe->fe_shm, fe->fe_row, xl->xl_d.dc_slot);
+	}
+	return 0;
+}
+
+void
+exchange_first_byte(struct exchange *ex, unsigned i)
+{
+	struct exchange_leg *xl = &ex->ex_legs[i];
+
+	if (xl->xl_first_byte)
+		return;
+	xl->xl_first_byte = true;
+	xl->xl_ttfb = ev_now(fe->fe_loop) - xl->xl_sent;
+}
+
+void
+exchange_end(struct exchange *ex, unsigned i, int status, bool transport,
+    bool no_sample)
+{
+	struct exchange_leg *xl = &ex->ex_legs[i];
+
+	if (xl->xl_up != NULL) {
+		upstream_cancel(xl->xl_up);
+		xl->xl_up = NULL;
+	}
+	if (xl->xl_inflight) {
+		xl->xl_inflight = false;
+		shm_inflight_dec(fe->fe_shm, fe->fe_row, xl->xl_d.dc_slot);
+	}
+	if (xl->xl_outcome_due) {
+		xl->xl_outcome_due = false;
+		if (ex->ex_fixed)
+			return; /* never decided by the broker */
+		decide_outcome_of(&xl->xl_d, ex->ex_in, status, transport,
+		    no_sample);
+	}
+}
+
+/*
+ * Ends every leg's attempt: with status for those that were sent
+ * (transport blamed on `transport` only), without a sample for the
+ * others, or for all when no_sample.
+ */
+static void
+exchange_end_all(struct exchange *ex, int status,
+    const struct exchange_leg *transport, bool no_sample)
+{
+	struct exchange_leg *xl;
+	unsigned i;
+
+	for (i = 0; i < ex->ex_nlegs; i++) {
+		xl = &ex->ex_legs[i];
+		exchange_end(ex, i, status != 0 ? status : 502, xl == transport,
+		    no_sample || !xl->xl_inflight);
+	}
+}
+
+/* The router's request series, once per request. */
+static void
+exchange_count(struct exchange *ex, bool ok, const char *code)
+{
+	if (ex->ex_ended || ex->ex_fixed)
+		return;
+	ex->ex_ended = true;
+	stats_router_request(ex->ex_backend, ex->ex_model,
+	    extract_endpoint_name(ex->ex_ep), ex->ex_streaming, ok,
+	    ev_now(fe->fe_loop) - ex->ex_start);
+	if (code != NULL)
+		stats_router_error(ex->ex_backend, ex->ex_model,
+		    extract_endpoint_name(ex->ex_ep), code);
+}
+
+/* The PD error codes of gateway.md §11.4-§11.5 for a leg's status. */
+static int
+exchange_pd_status(const char *leg, int status, char *code, size_t len)
+{
+	const char *what;
+	int out = status;
+
+	switch (status) {
+	case 400:
+		what = "bad_request";
+		break;
+	case 404:
+		what = "not_found";
+		break;
+	case 500:
+		what = "internal_error";
+		break;
+	case 502:
+		what = "bad_gateway";
+		break;
+	case 503:
+		what = "unavailable";
+		break;
+	default:
+		what = "error";
+		out = 500;
+		break;
+	}
+	snprintf(code, len, "%s_%s", leg, what);
+	return out;
+}
+
+enum exchange_failure
+exchange_failure_of(enum upstream_error err)
+{
+	switch (err) {
+	case UPSTREAM_CONNECT_FAILED:
+		return EXCHANGE_CONNECT;
+	case UPSTREAM_SEND_FAILED:
+		return EXCHANGE_SEND;
+	case UPSTREAM_TIMEOUT:
+		return EXCHANGE_TIMEOUT;
+	default:
+		return EXCHANGE_BAD_RESPONSE;
+	}
+}
+
+void
+exchange_next(struct exchange *ex, unsigned i, enum exchange_failure f,
+    int worker_status, const char *worker_message)
+{
+	struct exchange_leg *xl = &ex->ex_legs[i];
+	bool pd = ex->ex_nlegs > 1, transport = true, sample = true;
+	char code[FE_CODE_MAX], labels[192];
+	const char *msg;
+	int status;
+
+	switch (f) {
+	case EXCHANGE_WORKER_STATUS:
+		transport = false;
+		if (pd)
+			status = exchange_pd_status(xl->xl_name, worker_status,
+			    code, sizeof(code));
+		else {
+			status = worker_status;
+			snprintf(code, sizeof(code), "%s", "worker_error");
+		}
+		msg = worker_message != NULL ? worker_message
+		                             : "The worker answered an error";
+		break;
+	case EXCHANGE_NO_REQUEST:
+		status = 500;
+		snprintf(code, sizeof(code), "%s",
+		    "call_upstream_request_error");
+		msg = "Failed to send the request to the worker";
+		break;
+	case EXCHANGE_TIMEOUT:
+		status = 504;
+		snprintf(code, sizeof(code), "%s", "call_upstream_timeout");
+		msg = "The worker did not answer in time";
+		break;
+	case EXCHANGE_NO_MEMORY:
+		status = 503;
+		transport = false;
+		sample = false; /* the gateway's failure, not the worker's */
+		snprintf(code, sizeof(code), "%s", "out_of_memory");
+		msg = "Out of memory";
+		break;
+	default:
+		if (pd) {
+			status = 502;
+			snprintf(code, sizeof(code), "%s", "pd_request_failed");
+			msg = "PD disaggregation request failed";
+		} else if (f == EXCHANGE_CONNECT) {
+			status = 500;
+			snprintf(code, sizeof(code), "%s",
+			    "call_upstream_connection_failed");
+			msg = "Failed to connect to the worker";
+		} else if (f == EXCHANGE_SEND) {
+			status = 500;
+			snprintf(code, sizeof(code), "%s",
+			    "call_upstream_request_error");
+			msg = "Connection to the worker failed during the "
+			      "request";
+		} else {
+			status = 502;
+			snprintf(code, sizeof(code), "%s",
+			    "call_upstream_bad_response");
+			msg = "The worker sent an invalid response";
+		}
+		break;
+	}
+	exchange_end_all(ex,
+	    f == EXCHANGE_WORKER_STATUS ? worker_status : status,
+	    transport ? xl : NULL, !sample);
+	snprintf(labels, sizeof(labels),
+	    "router_type=\"http\",status_code=\"%d\",error_code=\"%s\"",
+	    f == EXCHANGE_WORKER_STATUS ? worker_status : status,
+	    f == EXCHANGE_WORKER_STATUS ? "" : code);
+	stats_add("smg_router_upstream_responses_total", labels, 1);
+	if (exchange_can_retry(ex, status)) {
+		/* Avoid this worker next time when another remains. */
+		if (xl->xl_nexclude < FE_MAX_EXCLUDE)
+			xl->xl_exclude[xl->xl_nexclude++] = xl->xl_d.dc_slot;
+		exchange_retry(ex, xl);
+		return;
+	}
+	if (!ex->ex_fixed && retry_status_retryable(status))
+		exchange_exhausted(ex, xl);
+	exchange_count(ex, false, code);
+	ex->ex_ops->xo_failed(ex->ex_arg, status, code, msg, 0);
+}
+
+void
+exchange_finish(struct exchange *ex, int status, bool ok)
+{
+	char labels[128];
+	unsigned i;
+
+	if (!ex->ex_fixed) {
+		snprintf(labels, sizeof(labels),
+		    "router_type=\"http\",status_code=\"%d\",error_code=\"\"",
+		    status);
+		stats_add("smg_router_upstream_responses_total", labels, 1);
+	}
+	for (i = 0; i < ex->ex_nlegs; i++)
+		exchange_end(ex, i, status, false, !ex->ex_legs[i].xl_inflight);
+	exchange_count(ex, ok && status < 400, NULL);
+}
+
+/* The request's end hook: whatever is still open is released. */
+static void
+exchange_cleanup(void *arg)
+{
+	struct exchange *ex = arg;
+	unsigned i;
+
+	ev_timer_stop(fe->fe_loop, &ex->ex_backoff);
+	for (i = 0; i < ex->ex_nlegs; i++)
+		decide_cancel(&ex->ex_legs[i].xl_di);
+	/* Ended without a result (client gone): only the keys' end. */
+	exchange_end_all(ex, 0, NULL, true);
+}

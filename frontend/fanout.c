@@ -1,0 +1,431 @@
+/*
+ * fanout.c: the routes that ask every worker at once (gateway.md §3.2):
+ * POST /flush_cache and GET /get_loads, with the Prometheus fallback of
+ * gateway.md §9.2 for workers without /v1/loads. One upstream request per
+ * worker, answered together once every part ended.
+ */
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "frontend/frontend.h"
+#include "shared/log.h"
+#include "shared/promload.h"
+
+#define FANOUT_LOADS_PATH    "/v1/loads?include=core,disagg,queues,memory"
+#define FANOUT_LOADS_TIMEOUT 5.0 /* per fetch, gateway.md §9.2 */
+
+struct fanout;
+
+struct fanout_part {
+	struct fanout *fp_fo;
+	char fp_url[SHM_URL_MAX];
+	char fp_auth[SHM_KEY_MAX + 16]; /* "Bearer <worker key>" or "" */
+	unsigned fp_slot;
+	uint32_t fp_generation;
+	struct upstream_req *fp_up;
+	ev_timer fp_timer; /* /get_loads: per-fetch deadline */
+	bool fp_metrics; /* /get_loads: the Prometheus fallback */
+	int fp_status;
+	enum upstream_error fp_err;
+	char *fp_body;
+	size_t fp_len;
+	size_t fp_cap;
+	bool fp_overflow; /* body over FE_FANOUT_BODY_MAX: unusable */
+	cJSON *fp_report; /* /get_loads: the worker's load report */
+};
+
+struct fanout {
+	struct conn *fo_conn;
+	const struct http_request *fo_hr;
+	char fo_id[EXTRACT_REQUEST_ID_MAX + 1];
+	enum fanout_kind fo_kind;
+	bool fo_starting; /* parts still being started */
+	size_t fo_n;
+	size_t fo_left;
+	struct fanout_part fo_parts[];
+};
+
+static void fanout_send(struct fanout_part *);
+static void fanout_head(void *, int, const struct upstream_header *, size_t);
+static void fanout_body(void *, const char *, size_t);
+static void fanout_done(void *, enum upstream_error);
+static void fanout_timeout_cb(struct ev_loop *, ev_timer *, int);
+static bool fanout_loads_answered(struct fanout_part *);
+static cJSON *fanout_prom_report(const char *, size_t);
+static void fanout_part_done(struct fanout_part *, enum upstream_error);
+static void fanout_finish(struct fanout *);
+static void fanout_free(void *);
+
+/*
+ * Workers whose /v1/loads route is absent (gateway.md §9.2), by slot:
+ * generation + 1 of the worker that lacked it, so a worker that replaces
+ * it in the slot is probed again.
+ */
+static uint32_t fanout_loads_absent[SHM_MAX_WORKERS];
+
+static const struct conn_handler fanout_handler = {
+	.ch_drained = NULL,
+};
+
+static const struct upstream_cbs fanout_cbs = {
+	.on_head = fanout_head,
+	.on_body = fanout_body,
+	.on_done = fanout_done,
+};
+
+void
+fanout_start(struct conn *c, const struct http_request *hr,
+    enum fanout_kind kind, const char *id)
+{
+	static struct shm_worker ws[SHM_MAX_WORKERS];
+	static unsigned slots[SHM_MAX_WORKERS];
+	struct fanout *fo;
+	unsigned slot, n = 0, i;
+
+	for (slot = 0; slot < SHM_MAX_WORKERS; slot++)
+		if (shm_worker_read(fe->fe_shm, slot, &ws[n]) == 0 &&
+		    ws[n].sw_mode == 0)
+			slots[n++] = slot;
+	if ((fo = conn_alloc(c, sizeof(*fo) + n * sizeof(fo->fo_parts[0]))) ==
+	        NULL ||
+	    conn_on_end(c, fanout_free, fo) == -1) {
+		conn_error(c, 503, "out_of_memory", "Out of memory", id, 0);
+		return;
+	}
+	fo->fo_conn = c;
+	fo->fo_hr = hr;
+	fo->fo_kind = kind;
+	fo->fo_n = n;
+	fo->fo_left = n;
+	fo->fo_starting = true;
+	snprintf(fo->fo_id, sizeof(fo->fo_id), "%s", id);
+	conn_set_handler(c, &fanout_handler, fo);
+	for (i = 0; i < n; i++) {
+		struct fanout_part *p = &fo->fo_parts[i];
+
+		p->fp_fo = fo;
+		p->fp_slot = slots[i];
+		p->fp_generation = ws[i].sw_generation;
+		snprintf(p->fp_url, sizeof(p->fp_url), "%s", ws[i].sw_url);
+		if (ws[i].sw_api_key[0] != '\0')
+			snprintf(p->fp_auth, sizeof(p->fp_auth), "Bearer %s",
+			    ws[i].sw_api_key);
+		ev_init(&p->fp_timer, fanout_timeout_cb);
+		p->fp_timer.data = p;
+		/* A worker known to lack /v1/loads goes to /metrics. */
+		p->fp_metrics = kind == FANOUT_LOADS &&
+		    fanout_loads_absent[p->fp_slot] == p->fp_generation + 1;
+		fanout_send(p);
+	}
+	fo->fo_starting = false;
+	if (fo->fo_left == 0)
+		fanout_finish(fo);
+}
+
+/* Starts the part's current request; a failure to start ends the part. */
+static void
+fanout_send(struct fanout_part *p)
+{
+	struct upstream_header h;
+	const char *path;
+
+	p->fp_status = 0;
+	p->fp_len = 0;
+	p->fp_overflow = false;
+	if (p->fp_fo->fo_kind == FANOUT_FLUSH)
+		path = "/flush_cache";
+	else
+		path = p->fp_metrics ? "/metrics" : FANOUT_LOADS_PATH;
+	h.uh_name = "authorization";
+	h.uh_name_len = 13;
+	h.uh_value = p->fp_auth;
+	h.uh_value_len = strlen(p->fp_auth);
+	p->fp_up = upstream_request(fe->fe_up, p->fp_url,
+	    p->fp_fo->fo_kind == FANOUT_FLUSH ? "POST" : "GET", path, &h,
+	    p->fp_auth[0] != '\0' ? 1 : 0, NULL, 0, &fanout_cbs, p);
+	if (p->fp_up == NULL) {
+		fanout_part_done(p, UPSTREAM_CONNECT_FAILED);
+		return;
+	}
+	if (p->fp_fo->fo_kind == FANOUT_LOADS) {
+		ev_timer_set(&p->fp_timer, FANOUT_LOADS_TIMEOUT, 0.);
+		ev_timer_start(fe->fe_loop, &p->fp_timer);
+	}
+}
+
+static void
+fanout_head(void *arg, int status, const struct upstream_header *h, size_t n)
+{
+	struct fanout_part *p = arg;
+
+	(void)h;
+	(void)n;
+	p->fp_status = status;
+}
+
+static void
+fanout_body(void *arg, const char *data, size_t len)
+{
+	struct fanout_part *p = arg;
+	size_t cap;
+	char *nb;
+
+	if (p->fp_overflow)
+		return;
+	if (p->fp_len + len > FE_FANOUT_BODY_MAX) {
+		p->fp_overflow = true;
+		return;
+	}
+	if (p->fp_len + len + 1 > p->fp_cap) {
+		cap = (p->fp_len + len + 1) * 2;
+		if ((nb = realloc(p->fp_body, cap)) == NULL) {
+			p->fp_overflow = true;
+			return;
+		}
+		p->fp_body = nb;
+		p->fp_cap = cap;
+	}
+	memcpy(p->fp_body + p->fp_len, data, len);
+	p->fp_len += len;
+	p->fp_body[p->fp_len] = '\0';
+}
+
+static void
+fanout_done(void *arg, enum upstream_error err)
+{
+	struct fanout_part *p = arg;
+
+	p->fp_up = NULL;
+	fanout_part_done(p, err);
+}
+
+static void
+fanout_timeout_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	struct fanout_part *p = w->data;
+
+	(void)loop;
+	(void)revents;
+	if (p->fp_up != NULL) {
+		upstream_cancel(p->fp_up);
+		p->fp_up = NULL;
+	}
+	fanout_part_done(p, UPSTREAM_TIMEOUT);
+}
+
+/*
+ * gateway.md §9.2 for the /v1/loads answer: true with p->fp_report set
+ * (or left NULL for an empty "loads") when the worker answered with a load
+ * response; false when the Prometheus fallback applies, after noting a
+ * route that is absent (404, 405, 501, or 2xx that is no load response).
+ */
+static bool
+fanout_loads_answered(struct fanout_part *p)
+{
+	bool ok = p->fp_err == UPSTREAM_OK && !p->fp_overflow;
+	cJSON *rep, *loads;
+
+	if (ok && p->fp_status >= 200 && p->fp_status < 300) {
+		rep = p->fp_body != NULL
+		    ? cJSON_ParseWithLength(p->fp_body, p->fp_len)
+		    : NULL;
+		loads = cJSON_GetObjectItemCaseSensitive(rep, "loads");
+		if (cJSON_IsObject(rep) && cJSON_IsArray(loads)) {
+			if (cJSON_GetArraySize(loads) > 0)
+				p->fp_report = rep;
+			else
+				cJSON_Delete(rep);
+			return true;
+		}
+		cJSON_Delete(rep);
+		fanout_loads_absent[p->fp_slot] = p->fp_generation + 1;
+	} else if (ok &&
+	    (p->fp_status == 404 || p->fp_status == 405 || p->fp_status == 501))
+		fanout_loads_absent[p->fp_slot] = p->fp_generation + 1;
+	return false;
+}
+
+/*
+ * The gateway.md §9.3 shape of a /metrics fallback report: one synthetic
+ * rank without absolute token counts, and no utilization for vLLM, which
+ * exports none (workers.md §3). NULL when there is no report or memory.
+ */
+static cJSON *
+fanout_prom_report(const char *text, size_t len)
+{
+	struct promload_report pr;
+	cJSON *rep, *loads, *rank;
+
+	if (promload_parse(text, len, NULL, &pr) == -1)
+		return NULL;
+	if ((rep = cJSON_CreateObject()) == NULL)
+		return NULL;
+	cJSON_AddNumberToObject(rep, "dp_rank_count", 1);
+	if ((loads = cJSON_AddArrayToObject(rep, "loads")) == NULL ||
+	    (rank = cJSON_CreateObject()) == NULL) {
+		cJSON_Delete(rep);
+		return NULL;
+	}
+	cJSON_AddItemToArray(loads, rank);
+	cJSON_AddNumberToObject(rank, "dp_rank", 0);
+	cJSON_AddNumberToObject(rank, "num_running_reqs",
+	    (double)pr.pr_num_running_reqs);
+	cJSON_AddNumberToObject(rank, "num_waiting_reqs",
+	    (double)pr.pr_num_waiting_reqs);
+	cJSON_AddNumberToObject(rank, "token_usage", pr.pr_token_usage);
+	cJSON_AddNumberToObject(rank, "gen_throughput", pr.pr_gen_throughput);
+	cJSON_AddNumberToObject(rank, "cache_hit_rate", pr.pr_cache_hit_rate);
+	if (pr.pr_engine == PROMLOAD_SGLANG)
+		cJSON_AddNumberToObject(rank, "utilization", pr.pr_utilization);
+	return rep;
+}
+
+/* The part's current request ended with err (its handle is gone). */
+static void
+fanout_part_done(struct fanout_part *p, enum upstream_error err)
+{
+	struct fanout *fo = p->fp_fo;
+
+	ev_timer_stop(fe->fe_loop, &p->fp_timer);
+	p->fp_err = err;
+	if (fo->fo_kind == FANOUT_LOADS && !p->fp_metrics) {
+		if (!fanout_loads_answered(p)) {
+			p->fp_metrics = true;
+			fanout_send(p);
+			return;
+		}
+	} else if (fo->fo_kind == FANOUT_LOADS && err == UPSTREAM_OK &&
+	    !p->fp_overflow && p->fp_status >= 200 && p->fp_status < 300 &&
+	    p->fp_body != NULL)
+		p->fp_report = fanout_prom_report(p->fp_body, p->fp_len);
+	if (--fo->fo_left == 0 && !fo->fo_starting)
+		fanout_finish(fo);
+}
+
+/* The request's end hook: what the parts still hold. */
+static void
+fanout_free(void *arg)
+{
+	struct fanout *fo = arg;
+	size_t i;
+
+	for (i = 0; i < fo->fo_n; i++) {
+		struct fanout_part *p = &fo->fo_parts[i];
+
+		ev_timer_stop(fe->fe_loop, &p->fp_timer);
+		if (p->fp_up != NULL)
+			upstream_cancel(p->fp_up);
+		p->fp_up = NULL;
+		free(p->fp_body);
+		p->fp_body = NULL;
+		cJSON_Delete(p->fp_report);
+		p->fp_report = NULL;
+	}
+}
+
+static const char *
+fanout_error(const struct fanout_part *p)
+{
+	switch (p->fp_err) {
+	case UPSTREAM_OK:
+		return "bad status";
+	case UPSTREAM_CONNECT_FAILED:
+		return "connection failed";
+	case UPSTREAM_TIMEOUT:
+		return "timeout";
+	default:
+		return "request failed";
+	}
+}
+
+/*
+ * gateway.md §9.4 entry of one worker: load = the sum of num_used_tokens
+ * over ranks when some rank has max_total_num_tokens > 0, else -1;
+ * details = the report, absent when there is none. Takes p's report.
+ */
+static cJSON *
+fanout_load_entry(struct fanout_part *p)
+{
+	cJSON *e = cJSON_CreateObject(), *loads, *r, *v;
+	double used = 0;
+	bool sized = false;
+
+	cJSON_AddStringToObject(e, "worker", p->fp_url);
+	if (p->fp_report == NULL) {
+		cJSON_AddNumberToObject(e, "load", -1);
+		return e;
+	}
+	loads = cJSON_GetObjectItemCaseSensitive(p->fp_report, "loads");
+	cJSON_ArrayForEach(r, loads)
+	{
+		v = cJSON_GetObjectItemCaseSensitive(r, "num_used_tokens");
+		if (cJSON_IsNumber(v))
+			used += v->valuedouble;
+		v = cJSON_GetObjectItemCaseSensitive(r, "max_total_num_tokens");
+		if (cJSON_IsNumber(v) && v->valuedouble > 0)
+			sized = true;
+	}
+	cJSON_AddNumberToObject(e, "load", sized ? used : -1);
+	cJSON_AddItemToObject(e, "details", p->fp_report);
+	p->fp_report = NULL;
+	return e;
+}
+
+static void
+fanout_finish(struct fanout *fo)
+{
+	struct conn *c = fo->fo_conn;
+	cJSON *j = cJSON_CreateObject(), *arr, *f;
+	size_t i, nok = 0;
+	int status = 200;
+
+	if (fo->fo_kind == FANOUT_LOADS) {
+		arr = cJSON_AddArrayToObject(j, "workers");
+		for (i = 0; i < fo->fo_n; i++)
+			cJSON_AddItemToArray(arr,
+			    fanout_load_entry(&fo->fo_parts[i]));
+	} else {
+		arr = cJSON_CreateArray();
+		for (i = 0; i < fo->fo_n; i++) {
+			const struct fanout_part *p = &fo->fo_parts[i];
+			char err[64];
+
+			if (p->fp_err == UPSTREAM_OK && p->fp_status >= 200 &&
+			    p->fp_status < 300) {
+				nok++;
+				continue;
+			}
+			f = cJSON_CreateObject();
+			cJSON_AddStringToObject(f, "worker", p->fp_url);
+			if (p->fp_err == UPSTREAM_OK)
+				snprintf(err, sizeof(err), "HTTP %d",
+				    p->fp_status);
+			else
+				snprintf(err, sizeof(err), "%s",
+				    fanout_error(p));
+			cJSON_AddStringToObject(f, "error", err);
+			cJSON_AddItemToArray(arr, f);
+		}
+		if (nok == fo->fo_n) {
+			cJSON_Delete(arr);
+			cJSON_AddStringToObject(j, "status", "success");
+			cJSON_AddStringToObject(j, "message",
+			    "Cache flushed on all workers");
+		} else {
+			status = 206;
+			cJSON_AddStringToObject(j, "status", "partial_success");
+			cJSON_AddStringToObject(j, "message",
+			    "Cache flush failed on some workers");
+			cJSON_AddItemToObject(j, "failed", arr);
+		}
+		cJSON_AddNumberToObject(j, "workers_flushed", (double)nok);
+		cJSON_AddNumberToObject(j, "total_http_workers",
+		    (double)fo->fo_n);
+	}
+	fo->fo_conn = NULL;
+	conn_json(c, status, j, fo->fo_id);
+}
