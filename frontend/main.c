@@ -39,10 +39,21 @@ static void frontend_drain_cb(struct ev_loop *, ev_timer *, int);
 static void
 frontend_heartbeat_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
+	static unsigned long resent;
+	unsigned long n;
+
 	(void)loop;
 	(void)w;
 	(void)revents;
 	shm_heartbeat(fe->fe_shm, fe->fe_row);
+	/* The upstream client re-sends on stale pooled connections by
+	 * itself (gateway.md §4 step 7); its count becomes the series. */
+	n = upstream_send_retries(fe->fe_up);
+	if (n != resent) {
+		stats_add("smg_router_upstream_send_retries_total",
+		    "router_type=\"http\"", (int64_t)(n - resent));
+		resent = n;
+	}
 }
 
 static void
