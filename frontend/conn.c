@@ -75,7 +75,7 @@ struct conn {
 };
 
 static TAILQ_HEAD(, conn) conns = TAILQ_HEAD_INITIALIZER(conns);
-static conn_dispatch_cb conn_dispatch;
+static const struct conn_routes *conn_routes;
 static TAILQ_HEAD(, conn) conn_dirty = TAILQ_HEAD_INITIALIZER(conn_dirty);
 static ev_prepare conn_flush_prep;
 static bool conn_flush_prep_init;
@@ -541,7 +541,7 @@ conn_process(struct conn *c)
 				conn_flush(c);
 			}
 			if (c->c_kind == LISTENER_MAIN &&
-			    proxy_stream_wanted(req) &&
+			    conn_routes->cr_stream_wanted(req) &&
 			    http_reader_stream_body(c->c_reader) == 0)
 				conn_stream_body(c, req);
 			continue;
@@ -555,7 +555,7 @@ conn_process(struct conn *c)
 		if (st == HTTP_READ_DONE) {
 			req = http_reader_request(c->c_reader);
 			conn_begin(c, req);
-			conn_dispatch(c, req, c->c_kind);
+			conn_routes->cr_dispatch(c, req, c->c_kind);
 			continue;
 		}
 		/* HTTP_READ_ERROR (or anything unexpected). */
@@ -608,7 +608,7 @@ conn_stream_body(struct conn *c, const struct http_request *req)
 	conn_begin(c, req);
 	c->c_body_streaming = true;
 	conn_arm_timer(c, (double)fe->fe_cf->cf_stream_body_stall_timeout_secs);
-	conn_dispatch(c, req, c->c_kind);
+	conn_routes->cr_dispatch(c, req, c->c_kind);
 }
 
 static void
@@ -815,7 +815,7 @@ conn_on_end(struct conn *c, void (*fn)(void *), void *arg)
 }
 
 void
-conn_set_dispatcher(conn_dispatch_cb cb)
+conn_set_routes(const struct conn_routes *routes)
 {
-	conn_dispatch = cb;
+	conn_routes = routes;
 }

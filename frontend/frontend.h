@@ -104,10 +104,17 @@ struct conn_handler {
 	void (*ch_body_stalled)(void *arg);
 };
 
-/* What the connection calls with each complete request (main.c sets it). */
-typedef void (*conn_dispatch_cb)(struct conn *c, const struct http_request *hr,
-    enum listener_kind kind);
-void conn_set_dispatcher(conn_dispatch_cb cb);
+/*
+ * Where complete requests go (main.c sets it once): dispatch gets each
+ * request, complete or (when stream_wanted said so for its head on the
+ * main listener) with its body still arriving through ch_body.
+ */
+struct conn_routes {
+	void (*cr_dispatch)(struct conn *c, const struct http_request *hr,
+	    enum listener_kind kind);
+	bool (*cr_stream_wanted)(const struct http_request *hr);
+};
+void conn_set_routes(const struct conn_routes *routes);
 
 /* Takes the accepted non-blocking fd (closed on any failure). */
 void conn_accept(int fd, enum listener_kind kind);
@@ -601,10 +608,9 @@ char *pd_merge_event(const char *ev, size_t len, const cJSON *prefill,
 
 /* ---------------------------------------------------------- router.c */
 
-/* The connection's dispatcher: routes one complete request read on a
- * connection of that kind to the module owning its route. */
-void router_dispatch(struct conn *c, const struct http_request *hr,
-    enum listener_kind kind);
+/* The connection's routes: one complete request read on a connection of
+ * that kind goes to the module owning its route. */
+extern const struct conn_routes router_routes;
 
 /* ---------------------------------------------------------- endpoints.c */
 

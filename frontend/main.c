@@ -147,7 +147,7 @@ main(int argc, char *argv[])
 		fatalx("%s: cannot create the broker client", __func__);
 	decide_init();
 
-	conn_set_dispatcher(router_dispatch);
+	conn_set_routes(&router_routes);
 	if (listener_open(cf.cf_host, cf.cf_port, LISTENER_MAIN) == -1)
 		fatalx("%s: cannot listen on %s:%ld", __func__, cf.cf_host,
 		    cf.cf_port);

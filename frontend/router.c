@@ -30,7 +30,7 @@ router_authorized(const struct http_request *hr)
 	    memcmp(h->hh_value + 7, key, klen) == 0;
 }
 
-void
+static void
 router_dispatch(struct conn *c, const struct http_request *hr,
     enum listener_kind kind)
 {
@@ -124,3 +124,8 @@ router_dispatch(struct conn *c, const struct http_request *hr,
 	}
 	conn_error(c, 404, "not_found", "Not found", id, 0);
 }
+
+const struct conn_routes router_routes = {
+	.cr_dispatch = router_dispatch,
+	.cr_stream_wanted = proxy_stream_wanted,
+};
