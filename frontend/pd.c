@@ -1476,7 +1476,8 @@ pd_leg_outcome(struct pd_req *rq, struct pd_leg *lg, int status, bool transport,
 	if (!lg->lg_outcome_due)
 		return;
 	lg->lg_outcome_due = false;
-	decide_outcome_of(&lg->lg_d, &rq->pr_in, status, transport, no_sample);
+	decide_outcome_of(&lg->lg_d, &rq->pr_in, status, transport, no_sample,
+	    NULL);
 }
 
 /*

@@ -220,7 +220,8 @@ proxy_outcome(struct req *rq, int status, bool transport, bool no_sample)
 	if (!rq->rq_outcome_due)
 		return;
 	rq->rq_outcome_due = false;
-	decide_outcome_of(&rq->rq_d, &rq->rq_in, status, transport, no_sample);
+	decide_outcome_of(&rq->rq_d, &rq->rq_in, status, transport, no_sample,
+	    NULL);
 }
 
 /* Request-level metrics once the response is decided. */
