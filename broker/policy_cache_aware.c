@@ -128,15 +128,16 @@ static void ca_model_free(struct ca_model *cm);
 static const struct worker_load *ca_report(const struct cache_aware *ca,
     const struct worker *w, uint64_t now_ms);
 static int ca_fallback(struct cache_aware *ca, unsigned n, uint64_t now_ms);
-static void ca_charge(struct cache_aware *ca, unsigned n, uint64_t matched,
-    uint64_t now_ms);
+static void ca_charge(struct cache_aware *ca, unsigned n, bool cache,
+    uint64_t matched, uint64_t now_ms);
 static int ca_best(struct cache_aware *ca, unsigned n, int skip, double avg);
 static bool ca_spills(struct cache_aware *ca, unsigned n, int *idx, double avg);
 static bool ca_gated(const struct cache_aware *ca, uint32_t load, double avg);
 static bool ca_kv_pressure(const struct cache_aware *ca,
     struct worker *const *c, unsigned n, uint64_t now_ms);
 static int ca_pick_holder(struct cache_aware *ca, struct worker *const *c,
-    const int *hp, unsigned nh, double matched, size_t input, uint64_t now_ms);
+    const int *hp, unsigned nh, double matched, size_t input, double avg,
+    uint64_t now_ms);
 static uint64_t ca_tokens(const struct cache_aware *ca, size_t units,
     size_t input);
 static void ca_insert(struct cache_aware *ca, struct ca_model *cm,
@@ -515,22 +516,26 @@ ca_tokens(const struct cache_aware *ca, size_t units, size_t input)
 }
 
 /*
- * Cache-routing charges: every candidate prefills what it does not hold,
- * and one that holds less than `matched` (the best match) forfeits the
- * difference, which it would prefill again and hold twice in the fleet.
- * Then scores every candidate into ca_score.
+ * Cache-routing charges: with `cache`, every candidate prefills what it
+ * does not hold, and one that holds less than `matched` (the best match)
+ * forfeits the difference, which it would prefill again and hold twice in
+ * the fleet; without, the whole prompt everywhere (a match at or below
+ * --cache-threshold does not count). Then scores every candidate into
+ * ca_score.
  */
 static void
-ca_charge(struct cache_aware *ca, unsigned n, uint64_t matched, uint64_t now_ms)
+ca_charge(struct cache_aware *ca, unsigned n, bool cache, uint64_t matched,
+    uint64_t now_ms)
 {
+	uint64_t held;
 	unsigned i;
 
 	for (i = 0; i < n; i++) {
-		ca->ca_cands[i].sc_uncached = ca->ca_prompt > ca->ca_cached[i]
-		    ? ca->ca_prompt - ca->ca_cached[i]
-		    : 0;
+		held = cache ? ca->ca_cached[i] : 0;
+		ca->ca_cands[i].sc_uncached =
+		    ca->ca_prompt > held ? ca->ca_prompt - held : 0;
 		ca->ca_cands[i].sc_forfeit =
-		    matched > ca->ca_cached[i] ? matched - ca->ca_cached[i] : 0;
+		    cache && matched > held ? matched - held : 0;
 		ca->ca_score[i] = scorer_score(ca->ca_scorer, &ca->ca_cands[i],
 		    now_ms, ca->ca_interval_ms, NULL);
 	}
@@ -614,13 +619,14 @@ ca_kv_pressure(const struct cache_aware *ca, struct worker *const *c,
 }
 
 /*
- * Among the holder candidates hp[0..nh): lowest expected wait (ca_score),
- * ties random; with decay or temperature (§11.6) the decayed match score
- * decides.
+ * Among the holder candidates hp[0..nh): lowest expected wait (ca_score)
+ * among those under the in-flight gate, or among all when every one is
+ * over it (§11.3: then the spill gate fires), ties random; with decay or
+ * temperature (§11.6) the decayed match score decides.
  */
 static int
 ca_pick_holder(struct cache_aware *ca, struct worker *const *c, const int *hp,
-    unsigned nh, double matched, size_t input, uint64_t now_ms)
+    unsigned nh, double matched, size_t input, double avg, uint64_t now_ms)
 {
 	const struct worker_load *l;
 	double score[TREE_MAX_HOLDERS], best, lo, hi, w, total, r;
@@ -629,14 +635,20 @@ ca_pick_holder(struct cache_aware *ca, struct worker *const *c, const int *hp,
 	double blocks;
 	unsigned i;
 	int pick = -1;
+	bool pick_gated = false;
 
 	if (ca->ca_decay <= 0 && ca->ca_temp <= 0) {
 		for (i = 0; i < nh; i++) {
-			if (pick < 0 ||
-			    ca->ca_score[hp[i]] < ca->ca_score[pick]) {
+			bool g = ca_gated(ca, ca->ca_load[hp[i]], avg);
+
+			if (pick < 0 || (!g && pick_gated) ||
+			    (g == pick_gated &&
+			        ca->ca_score[hp[i]] < ca->ca_score[pick])) {
 				pick = hp[i];
+				pick_gated = g;
 				ties = 1;
-			} else if (ca->ca_score[hp[i]] == ca->ca_score[pick] &&
+			} else if (g == pick_gated &&
+			    ca->ca_score[hp[i]] == ca->ca_score[pick] &&
 			    policy_rand_below(++ties) == 0)
 				pick = hp[i];
 		}
@@ -765,7 +777,7 @@ ca_tree_select(struct cache_aware *ca, struct ca_model *cm,
 		          m.tm_input);
 	if (*rate <= ca->ca_threshold) {
 		*b = CA_MIN_LOAD_FALLBACK;
-		ca_charge(ca, n, 0, now_ms);
+		ca_charge(ca, n, false, 0, now_ms);
 		idx = ca_fallback(ca, n, now_ms);
 		ca_insert(ca, cm, c[idx], req);
 		return idx;
@@ -779,9 +791,9 @@ ca_tree_select(struct cache_aware *ca, struct ca_model *cm,
 		*b = CA_FIRST_HEALTHY_FALLBACK;
 		return 0;
 	}
-	ca_charge(ca, n, ca_tokens(ca, m.tm_matched, m.tm_input), now_ms);
+	ca_charge(ca, n, true, ca_tokens(ca, m.tm_matched, m.tm_input), now_ms);
 	idx = ca_pick_holder(ca, c, hp, nh, (double)m.tm_matched, m.tm_input,
-	    now_ms);
+	    avg, now_ms);
 	*b = ca_spills(ca, n, &idx, avg) ? CA_SPILL : CA_TREE_MATCH;
 	ca_insert(ca, cm, c[idx], req);
 	return idx;
@@ -807,7 +819,7 @@ ca_event_select(struct cache_aware *ca, struct ca_model *cm,
 	    req->n_tokens, ca->ca_bs, &score);
 	if (idx < 0) {
 		*b = CA_EVENT_NO_OVERLAP;
-		ca_charge(ca, n, 0, now_ms);
+		ca_charge(ca, n, false, 0, now_ms);
 		return ca_fallback(ca, n, now_ms);
 	}
 	bs = kvindex_block_size(kvindex_of(br), cm->cm_name);
@@ -815,7 +827,7 @@ ca_event_select(struct cache_aware *ca, struct ca_model *cm,
 	/* Only the best overlap is known: the others count as cold. */
 	ca->ca_cached[idx] =
 	    ca_tokens(ca, (size_t)score * (bs ? bs : ca->ca_bs), req->n_tokens);
-	ca_charge(ca, n, ca->ca_cached[idx], now_ms);
+	ca_charge(ca, n, true, ca->ca_cached[idx], now_ms);
 	*b = ca_spills(ca, n, &idx, avg) ? CA_EVENT_SPILL : CA_EVENT_MATCH;
 	return idx;
 }
@@ -946,7 +958,7 @@ ca_hash_select(struct cache_aware *ca, struct ca_model *cm,
 	unsigned i, j;
 	int idx = -1;
 
-	ca_charge(ca, n, 0, now_ms);
+	ca_charge(ca, n, false, 0, now_ms);
 	if (!req->has_tokens || req->n_tokens == 0 || ca->ca_nbounds == 0 ||
 	    req->n_tokens < ca->ca_bounds[0]) {
 		*b = req->has_tokens && req->n_tokens > 0
@@ -984,7 +996,7 @@ ca_hash_select(struct cache_aware *ca, struct ca_model *cm,
 		}
 	}
 	if (idx >= 0) {
-		ca_charge(ca, n, held, now_ms);
+		ca_charge(ca, n, true, held, now_ms);
 		*b = ca_spills(ca, n, &idx, avg) ? CA_HASH_SPILL : CA_HASH_HIT;
 	} else {
 		*b = CA_MIN_LOAD_FALLBACK;

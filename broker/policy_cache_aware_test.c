@@ -349,14 +349,17 @@ test_new_conversations_spread(void **state)
 	for (i = 0; i < 3; i++)
 		assert_in_range(got[i], 150, 250);
 	assert_int_equal(btu_branch(f, CA, "min_load_fallback"), 600);
-	/* Equal reports: the credit of each dispatch spreads them evenly
-	 * between two polls, one each in turn. */
+	/* Equal reports: the prompt tokens each dispatch leaves pending
+	 * (as the frontends count them) spread them evenly between two
+	 * polls, one each in turn. */
 	for (i = 0; i < 3; i++)
 		report(f, i, 0.0, 0);
 	got[0] = got[1] = got[2] = 0;
 	for (i = 0; i < 300; i++) {
 		fresh_text(q, sizeof(q), 1000 + i);
-		got[pick_text(f, q)]++;
+		idx = pick_text(f, q);
+		got[idx]++;
+		shm_pending_add(f->fx_br->br_shm, 0, f->fx_c[idx]->wk_slot, 16);
 	}
 	for (i = 0; i < 3; i++)
 		assert_int_equal(got[i], 100);

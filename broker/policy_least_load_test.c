@@ -236,9 +236,8 @@ test_token_count(void **state)
 	assert_int_equal(fx_route_send(f, toks, 600, true), 'b'); /* 2200 */
 	assert_int_equal(fx_route_send(f, toks, 600, true), 'b'); /* 2800 */
 	assert_int_equal(fx_route_send(f, toks, 600, true), 'a');
-	assert_int_equal(
-	    shm_pending_total(f->fx_br->br_shm,
-	        fx_worker(f, "http://b:2")->wk_slot),
+	assert_int_equal(shm_pending_total(f->fx_br->br_shm,
+	                     fx_worker(f, "http://b:2")->wk_slot),
 	    1200);
 }
 
@@ -403,8 +402,9 @@ test_learned_rates(void **state)
 	assert_true(fabs(live_rate(wb) - 5000) < 1);
 	/* The gauges follow on the tick. */
 	live_tick(f->fx_br);
-	assert_int_equal(fx_metric(f, "smg_worker_prefill_rate_tokens_per_"
-	                              "second{worker=\"http://a:1\"}"),
+	assert_int_equal(fx_metric(f,
+	                     "smg_worker_prefill_rate_tokens_per_"
+	                     "second{worker=\"http://a:1\"}"),
 	    10000);
 	/* a holds 15000 pending (1.6 s at 10000/s), b 6000 (1.4 s). */
 	fx_pending(f, "http://a:1", 15000);
@@ -459,8 +459,9 @@ test_learned_rates(void **state)
 	}
 	/* Removal zeroes the gauges. */
 	registry_remove(f->fx_br, wa);
-	assert_int_equal(fx_metric(f, "smg_worker_prefill_rate_tokens_per_"
-	                              "second{worker=\"http://a:1\"}"),
+	assert_int_equal(fx_metric(f,
+	                     "smg_worker_prefill_rate_tokens_per_"
+	                     "second{worker=\"http://a:1\"}"),
 	    0);
 }
 

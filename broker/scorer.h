@@ -36,12 +36,14 @@
 /* Debug text of a decision fits in this many bytes. */
 #define SCORER_DEBUG_SIZE 128
 /*
- * Prompt tokens one request in flight counts for: a running request's
- * decode steps share the engine's batches with prefill, and it orders
- * workers of equal prefill backlog by their decode load (fewest in
- * flight), while staying far below one real prompt.
+ * Prompt tokens one request in flight counts for. A running request's
+ * decode steps share the engine's batches with prefill, but they cost a
+ * prefill of thousands of tokens little; the term orders workers of equal
+ * backlog by decode load (fewest in flight, the dark-fleet rule of §2)
+ * and, one token per request, cannot pull a conversation off its
+ * cache.
  */
-#define SCORER_INFLIGHT_TOKENS 64
+#define SCORER_INFLIGHT_TOKENS 1
 
 struct scorer;
 

@@ -148,20 +148,20 @@ test_live_only(void **state)
 	(void)state;
 	s = scorer_new(NULL, test_rand);
 	/* a: (20000 + 4000) / 10000 = 2.4 s; b: (6000 + 4000) / 5000 = 2 s;
-	 * c: (9000 + 4000) / 10000 + 3 * 64 / 10000 = 1.3192 s. */
+	 * c: (9000 + 4000 + 3 in flight) / 10000 = 1.3003 s. */
 	c[0] = cand(1, 0, 20000, 10000, 4000);
 	c[1] = cand(2, 0, 6000, 5000, 4000);
 	c[2] = cand(3, 3, 9000, 10000, 4000);
 	assert_near(scorer_score(s, &c[0], 0, 0, NULL), 2.4, EPS);
 	assert_near(scorer_score(s, &c[1], 0, 0, NULL), 2.0, EPS);
-	assert_near(scorer_score(s, &c[2], 0, 0, NULL), 1.3192, EPS);
+	assert_near(scorer_score(s, &c[2], 0, 0, NULL), 1.3003, EPS);
 	assert_int_equal(scorer_select(s, c, 3, 0, 0, &p), 2);
 	assert_int_equal(p.sp_kind, SCORER_LIVE);
 	assert_int_equal(p.sp_pending, 9000);
 	/* The forfeit charge counts like prompt to prefill: c pays 12000
 	 * tokens of reuse it would redo and loses to b. */
 	c[2].sc_forfeit = 12000;
-	assert_near(scorer_score(s, &c[2], 0, 0, NULL), 2.5192, EPS);
+	assert_near(scorer_score(s, &c[2], 0, 0, NULL), 2.5003, EPS);
 	assert_int_equal(scorer_select(s, c, 3, 0, 0, &p), 1);
 	/* A broken rate (NaN, negative) reads as unknown: T₀. */
 	c[0] = cand(1, 0, 2000, NAN, 0);
@@ -278,10 +278,10 @@ test_degradation(void **state)
 	report(s, 1, 0, 1000, 100, 0, 0);
 	report(s, 2, 0, 6000, 300, 0, 0);
 	/* A worker without a report is judged on its live figures: with 4
-	 * in flight, 4 * 64 / 100 = 2.56 s, below a's 10 s. */
+	 * in flight, 4 * 1 / 100 = 0.04 s, below a's 10 s. */
 	assert_int_equal(scorer_select(s, c, 3, 0, 0, &p), 2);
 	assert_int_equal(p.sp_kind, SCORER_LIVE);
-	assert_near(p.sp_score, 2.56, EPS);
+	assert_near(p.sp_score, 0.04, EPS);
 	/* With a backlog it sinks below the reporter. */
 	c[2].sc_pending = 1000;
 	assert_int_equal(scorer_select(s, c, 3, 0, 0, &p), 0);
