@@ -1065,14 +1065,15 @@ ca_select(struct policy *p, struct worker *const *c, unsigned n,
 	route_hint_cached(br, c[idx], ca->ca_cached[idx]);
 	if (br != NULL && br->br_debug)
 		log_debug("%s: cache_aware model %s branch %s match %.3f "
-		          "in_flight %u avg %.2f pending %llu cached %llu of "
-		          "%llu rate %.0f -> %s",
+		          "in_flight %u avg %.2f -> %s (pending %llu, cached "
+		          "%llu of %llu, rate %.0f)",
 		    __func__, cm != NULL ? cm->cm_name : c[0]->wk_model,
 		    ca_branch_name(b), rate, ca->ca_load[idx], avg,
+		    c[idx]->wk_url,
 		    (unsigned long long)ca->ca_cands[idx].sc_pending,
 		    (unsigned long long)ca->ca_cached[idx],
 		    (unsigned long long)ca->ca_prompt,
-		    ca->ca_cands[idx].sc_rate, c[idx]->wk_url);
+		    ca->ca_cands[idx].sc_rate);
 	return idx;
 }
 
