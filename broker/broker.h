@@ -421,9 +421,9 @@ struct bucket *policy_bucket_state(struct policy *p, const char *model);
  * least_load (policies.md §3) and the broker side of the expected-wait
  * scorer, which power_of_two (§4, policy_power_of_two.c) shares: one
  * scorer per instance, fed every load report of its workers (keyed by
- * wk_url_hash), forgetting removed workers; in-flight counts from shm; a
- * report older than 3 x --load-monitor-interval counts as missing. Each
- * decision is logged at debug level with the winner's score.
+ * wk_url_hash), forgetting removed workers; live figures (live.c) for the
+ * candidates; a report older than 3 x --load-monitor-interval counts as
+ * missing. Each decision is logged at debug level with the winner's score.
  */
 struct scorer;
 

@@ -463,6 +463,34 @@ test_learned_rates(void **state)
 	                     "smg_worker_prefill_rate_tokens_per_"
 	                     "second{worker=\"http://a:1\"}"),
 	    0);
+	/* Re-registered (a new generation), it learns from scratch, and the
+	 * outcomes of its former self are not its own. */
+	{
+		Smg__Outcome o = SMG__OUTCOME__INIT;
+		struct worker_spec ws;
+		const char *why = NULL;
+		uint32_t old_gen = wb->wk_generation;
+		unsigned old_slot = wb->wk_slot;
+
+		registry_remove(f->fx_br, wb);
+		memset(&ws, 0, sizeof(ws));
+		ws.ws_url = "http://b:2";
+		ws.ws_bootstrap_port = -1;
+		ws.ws_health_disabled = true;
+		wb = registry_add(f->fx_br, &ws, false, &why);
+		assert_non_null(wb);
+		assert_int_not_equal(wb->wk_generation, old_gen);
+		assert_false(rate_known(&wb->wk_rate));
+		o.worker_slot = old_slot;
+		o.worker_generation = old_gen;
+		o.prompt_tokens = 30000;
+		o.ttfb_us = 1000000;
+		o.first_byte = true;
+		route_outcome(f->fx_br, &o);
+		assert_false(rate_known(&wb->wk_rate));
+		fx_learn(f, "http://b:2", 3000, 3);
+		assert_true(fabs(live_rate(wb) - 3000) < 1);
+	}
 }
 
 static void
