@@ -17,6 +17,7 @@
 #include <ev.h>
 
 #include "ipc.pb-c.h"
+#include "rate.h"
 #include "shared/shm.h"
 
 #define BROKER_MODEL_UNKNOWN "unknown"
@@ -207,6 +208,9 @@ struct worker {
 	int wk_m_cb_out_fail;
 	int wk_m_health;
 	int wk_m_active;
+	int wk_m_pending; /* smg_worker_outstanding_prefill_tokens */
+	int wk_m_rate; /* smg_worker_prefill_rate_tokens_per_second */
+	struct rate wk_rate; /* learned prefill rate (live.c) */
 };
 
 struct model_entry {
@@ -221,6 +225,8 @@ struct model_entry {
 	const struct policy *me_sel_policy[BROKER_NTYPES][BROKER_NMODES];
 	int me_m_overloaded;
 	int64_t me_overloaded;
+	/* median learned prefill rate of its workers, 0 none (live.c) */
+	double me_rate_prior;
 };
 
 /* Fields a new worker is created with. Strings are copied. */
@@ -415,9 +421,9 @@ struct bucket *policy_bucket_state(struct policy *p, const char *model);
  * least_load (policies.md §3) and the broker side of the expected-wait
  * scorer, which power_of_two (§4, policy_power_of_two.c) shares: one
  * scorer per instance, fed every load report of its workers (keyed by
- * wk_url_hash), forgetting removed workers; in-flight counts from shm; a
- * report older than 3 x --load-monitor-interval counts as missing. Each
- * decision is logged at debug level with the winner's score.
+ * wk_url_hash), forgetting removed workers; live figures (live.c) for the
+ * candidates; a report older than 3 x --load-monitor-interval counts as
+ * missing. Each decision is logged at debug level with the winner's score.
  */
 struct scorer;
 
@@ -689,6 +695,45 @@ void route_one(struct broker *br, const Smg__RouteRequest *req,
     Smg__Decision *d, char *msg, size_t msglen);
 void route_outcome(struct broker *br, const Smg__Outcome *o);
 
+/*
+ * Tells route_one how many of the request's prompt tokens worker w holds
+ * in its cache by the policy's estimate (Decision.cached_tokens); a
+ * policy calls it for the worker it picks. Ignored when the final choice
+ * (after the sticky overlay) is another worker.
+ */
+void route_hint_cached(struct broker *br, const struct worker *w,
+    uint64_t tokens);
+
+/* ---------------------------------------------------------- live.c */
+
+/*
+ * The live load of workers (DESIGN.md "live beats polled"): what the
+ * frontends' shm rows say a worker has in flight and still waiting for a
+ * first token, and the prefill rate learned from the outcomes they send.
+ *
+ * live_prompt_tokens: the request's prompt tokens as the frontends count
+ * them: token ids, else routing-text chars / 4 (RouteRequest.size, else
+ * the text's bytes), else `unknown`.
+ * live_rate: w's learned rate (tokens/s), else the median of its model's
+ * learned workers (refreshed by live_tick), else 0 (unknown: the scorer
+ * then uses its T₀).
+ * live_outcome: one attempt's outcome for w; an attempt that got a first
+ * body byte on a streamed response is a rate sample (rate.h): the tokens
+ * ahead of it plus its prompt's uncached part over its time to first byte.
+ * live_tick (broker tick, 250 ms): model priors and the per-worker gauges
+ * smg_worker_outstanding_prefill_tokens and
+ * smg_worker_prefill_rate_tokens_per_second (0 until learned).
+ */
+uint64_t live_prompt_tokens(const Smg__RouteRequest *req, uint64_t unknown);
+uint64_t live_pending(struct broker *br, const struct worker *w);
+uint32_t live_in_flight(struct broker *br, const struct worker *w);
+double live_rate(const struct worker *w);
+void live_outcome(struct broker *br, struct worker *w, const Smg__Outcome *o);
+void live_tick(struct broker *br);
+/* Registers w's gauges (registry_add) and zeroes them (removal). */
+void live_metrics_init(struct broker *br, struct worker *w);
+void live_metrics_clear(struct broker *br, struct worker *w);
+
 /* ---------------------------------------------------------- admin.c */
 
 /*
@@ -757,6 +802,9 @@ struct broker {
 	struct persist *br_persist; /* persist.c */
 	ev_timer br_flush; /* write-behind wake-up, STORE_BEHIND_MS */
 	bool br_restoring; /* persist_restore running: no journal writes */
+	/* route_hint_cached of the decision being made */
+	unsigned br_hint_slot; /* SHM_MAX_WORKERS: none */
+	uint64_t br_hint_cached;
 };
 
 /*

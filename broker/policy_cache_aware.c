@@ -2,14 +2,21 @@
  * policy_cache_aware.c: `cache_aware` (policies.md §11), the default
  * policy. Tree mode: per model a string tree (routing text) and a token
  * tree (token ids, paged by --block-size) whose tenants are worker slots;
- * the match rate against --cache-threshold picks a holder, the spill gate
- * sends it elsewhere when every holder is overloaded, and the fallback
- * pick is the expected-wait scorer of §2 with built-in defaults (every
- * dispatch credits it). Hash mode (--cache-index hash, §11.7): per model a
- * placement map of (boundary, prefix hash) -> up to 3 holders with a TTL.
- * Event mode (§11.4): a request with tokens whose model's KV-event block
- * index (kvindex.c) holds blocks goes where the engines' caches overlap it.
- * Every tree insert is journaled through persist.c.
+ * the match rate against --cache-threshold decides whether the cache
+ * counts. Every worker is then judged by its expected wait (scorer.h, live
+ * figures from live.c): its pending prompt tokens plus the part of this
+ * prompt it does not hold, over its prefill rate. Above the threshold the
+ * holders compete among themselves, and a non-holder also pays the reuse
+ * it forfeits (the matched prefix it would prefill again); the request
+ * spills off the best holder when another worker still waits less after
+ * that charge (the holder's queue costs more than its cache saves), or
+ * when the holder is over the in-flight gate of --balance-abs-threshold
+ * and --balance-rel-threshold. Below it, or under KV pressure, the plain
+ * expected wait decides (the fallback pick). Hash mode (--cache-index hash,
+ * §11.7): per model a placement map of (boundary, prefix hash) -> up to 3
+ * holders with a TTL. Event mode (§11.4): a request with tokens whose model's
+ * KV-event block index (kvindex.c) holds blocks goes where the engines' caches
+ * overlap it. Every tree insert is journaled through persist.c.
  */
 #include <math.h>
 #include <stdio.h>
@@ -98,9 +105,12 @@ struct cache_aware {
 	struct scorer *ca_scorer;
 	int ca_m_branch[CA_NBRANCHES];
 	uint64_t ca_last_sweep_ms;
-	/* scratch, per decision */
+	/* scratch, per decision: live figures of c[i], its cached tokens */
 	struct scorer_cand ca_cands[SHM_MAX_WORKERS];
 	uint32_t ca_load[SHM_MAX_WORKERS];
+	uint64_t ca_cached[SHM_MAX_WORKERS];
+	double ca_score[SHM_MAX_WORKERS];
+	uint64_t ca_prompt; /* this request's prompt tokens */
 	int ca_pos[SHM_MAX_WORKERS]; /* candidate position by slot, -1 */
 };
 
@@ -117,17 +127,19 @@ static struct ca_model *ca_model(struct cache_aware *ca, const char *name,
 static void ca_model_free(struct ca_model *cm);
 static const struct worker_load *ca_report(const struct cache_aware *ca,
     const struct worker *w, uint64_t now_ms);
-static int ca_fallback(struct cache_aware *ca, struct worker *const *c,
-    unsigned n, const Smg__RouteRequest *req, uint64_t now_ms);
-static int ca_spill(struct cache_aware *ca, struct worker *const *c, unsigned n,
-    const Smg__RouteRequest *req, double avg, uint64_t now_ms);
-static void ca_credit(struct cache_aware *ca, struct worker *w,
-    const Smg__RouteRequest *req, uint64_t now_ms);
+static int ca_fallback(struct cache_aware *ca, unsigned n, uint64_t now_ms);
+static void ca_charge(struct cache_aware *ca, unsigned n, bool cache,
+    uint64_t matched, uint64_t now_ms);
+static int ca_best(struct cache_aware *ca, unsigned n, int skip, double avg);
+static bool ca_spills(struct cache_aware *ca, unsigned n, int *idx, double avg);
 static bool ca_gated(const struct cache_aware *ca, uint32_t load, double avg);
 static bool ca_kv_pressure(const struct cache_aware *ca,
     struct worker *const *c, unsigned n, uint64_t now_ms);
 static int ca_pick_holder(struct cache_aware *ca, struct worker *const *c,
-    const int *hp, unsigned nh, double matched, size_t input, uint64_t now_ms);
+    const int *hp, unsigned nh, double matched, size_t input, double avg,
+    uint64_t now_ms);
+static uint64_t ca_tokens(const struct cache_aware *ca, size_t units,
+    size_t input);
 static void ca_insert(struct cache_aware *ca, struct ca_model *cm,
     struct worker *w, const Smg__RouteRequest *req);
 static int ca_tree_select(struct cache_aware *ca, struct ca_model *cm,
@@ -346,10 +358,12 @@ ca_on_report(struct policy *p, struct worker *w)
 		    l->wl_received_ms);
 		return;
 	}
+	memset(&r, 0, sizeof(r));
 	r.sr_waiting_reqs = l->wl_waiting_reqs;
 	r.sr_waiting_uncached_tokens = l->wl_waiting_uncached_tokens;
 	r.sr_gen_throughput = l->wl_gen_throughput;
 	r.sr_token_usage = l->wl_token_usage;
+	r.sr_pending_then = live_pending(p->pl_br, w);
 	scorer_report(ca->ca_scorer, w->wk_url_hash, &r, l->wl_received_ms);
 }
 
@@ -472,72 +486,103 @@ ca_report(const struct cache_aware *ca, const struct worker *w, uint64_t now_ms)
 	return l;
 }
 
-/* §11.5: the scorer of §2 over every candidate; it credits the winner. */
+/*
+ * §11.5: the expected wait over every candidate as ca_cands holds it (the
+ * uncached part of the prompt per worker, no forfeit charge).
+ */
 static int
-ca_fallback(struct cache_aware *ca, struct worker *const *c, unsigned n,
-    const Smg__RouteRequest *req, uint64_t now_ms)
+ca_fallback(struct cache_aware *ca, unsigned n, uint64_t now_ms)
 {
 	struct scorer_pick pick;
-	unsigned i;
 	int idx;
 
-	for (i = 0; i < n; i++) {
-		ca->ca_cands[i].sc_id = c[i]->wk_url_hash;
-		ca->ca_cands[i].sc_in_flight = ca->ca_load[i];
-	}
-	idx = scorer_select(ca->ca_scorer, ca->ca_cands, n,
-	    req->has_tokens ? (int64_t)req->n_tokens : -1, now_ms,
+	idx = scorer_select(ca->ca_scorer, ca->ca_cands, n, now_ms,
 	    ca->ca_interval_ms, &pick);
 	return idx >= 0 ? idx : 0;
 }
 
 /*
- * The spill target: the fallback pick over the candidates that are not
- * over the spill gate themselves. The gated holder must not win its own
- * spill (the expected-wait score does not read in-flight counts, so a
- * worker with a fast last report would); the least-loaded candidate is
- * never over the gate (its load is at most avg), so the set is never
- * empty.
+ * Tokens of the prompt for `units` chars or tokens of an input of `input`
+ * units: the prompt estimate scaled, so text (chars) and token ids speak
+ * the same unit as the frontends' pending tokens.
  */
-static int
-ca_spill(struct cache_aware *ca, struct worker *const *c, unsigned n,
-    const Smg__RouteRequest *req, double avg, uint64_t now_ms)
+static uint64_t
+ca_tokens(const struct cache_aware *ca, size_t units, size_t input)
 {
-	struct scorer_pick pick;
-	unsigned i, k = 0;
-	int map[SHM_MAX_WORKERS], idx;
-
-	for (i = 0; i < n; i++) {
-		if (ca_gated(ca, ca->ca_load[i], avg))
-			continue;
-		ca->ca_cands[k].sc_id = c[i]->wk_url_hash;
-		ca->ca_cands[k].sc_in_flight = ca->ca_load[i];
-		map[k++] = (int)i;
-	}
-	if (k == 0)
-		return ca_fallback(ca, c, n, req, now_ms);
-	idx = scorer_select(ca->ca_scorer, ca->ca_cands, k,
-	    req->has_tokens ? (int64_t)req->n_tokens : -1, now_ms,
-	    ca->ca_interval_ms, &pick);
-	return idx >= 0 ? map[idx] : map[0];
+	if (input == 0 || units >= input)
+		return units == 0 ? 0 : ca->ca_prompt;
+	return (
+	    uint64_t)((double)ca->ca_prompt * (double)units / (double)input);
 }
 
 /*
- * Credits a dispatch the scorer did not choose (cache hit): scoring the
- * one-member set {w} credits its winner, w.
+ * Cache-routing charges: with `cache`, every candidate prefills what it
+ * does not hold, and one that holds less than `matched` (the best match)
+ * forfeits the difference, which it would prefill again and hold twice in
+ * the fleet; without, the whole prompt everywhere (a match at or below
+ * --cache-threshold does not count). Then scores every candidate into
+ * ca_score.
  */
 static void
-ca_credit(struct cache_aware *ca, struct worker *w,
-    const Smg__RouteRequest *req, uint64_t now_ms)
+ca_charge(struct cache_aware *ca, unsigned n, bool cache, uint64_t matched,
+    uint64_t now_ms)
 {
-	struct scorer_cand one;
-	struct scorer_pick pick;
+	uint64_t held;
+	unsigned i;
 
-	one.sc_id = w->wk_url_hash;
-	one.sc_in_flight = 0;
-	(void)scorer_select(ca->ca_scorer, &one, 1,
-	    req->has_tokens ? (int64_t)req->n_tokens : -1, now_ms,
-	    ca->ca_interval_ms, &pick);
+	for (i = 0; i < n; i++) {
+		held = cache ? ca->ca_cached[i] : 0;
+		ca->ca_cands[i].sc_uncached =
+		    ca->ca_prompt > held ? ca->ca_prompt - held : 0;
+		ca->ca_cands[i].sc_forfeit =
+		    cache && matched > held ? matched - held : 0;
+		ca->ca_score[i] = scorer_score(ca->ca_scorer, &ca->ca_cands[i],
+		    now_ms, ca->ca_interval_ms, NULL);
+	}
+}
+
+/*
+ * Lowest ca_score among candidates other than skip that are not over the
+ * in-flight gate; ties uniformly at random. -1 when there is none.
+ */
+static int
+ca_best(struct cache_aware *ca, unsigned n, int skip, double avg)
+{
+	uint32_t ties = 0;
+	unsigned i;
+	int best = -1;
+
+	for (i = 0; i < n; i++) {
+		if ((int)i == skip || ca_gated(ca, ca->ca_load[i], avg))
+			continue;
+		if (best < 0 || ca->ca_score[i] < ca->ca_score[best]) {
+			best = (int)i;
+			ties = 1;
+		} else if (ca->ca_score[i] == ca->ca_score[best] &&
+		    policy_rand_below(++ties) == 0)
+			best = (int)i;
+	}
+	return best;
+}
+
+/*
+ * The spill decision for holder *idx (ca_charge done): to the best other
+ * worker when the holder is over the in-flight gate (§11.3), or when that
+ * worker's expected wait, forfeit included, is lower than the holder's.
+ * Returns whether it spilled (*idx then moved).
+ */
+static bool
+ca_spills(struct cache_aware *ca, unsigned n, int *idx, double avg)
+{
+	int alt;
+
+	if ((alt = ca_best(ca, n, *idx, avg)) < 0)
+		return false;
+	if (!ca_gated(ca, ca->ca_load[*idx], avg) &&
+	    ca->ca_score[alt] >= ca->ca_score[*idx])
+		return false;
+	*idx = alt;
+	return true;
 }
 
 /* The spill gate of §11.3: over both thresholds. */
@@ -574,12 +619,14 @@ ca_kv_pressure(const struct cache_aware *ca, struct worker *const *c,
 }
 
 /*
- * Among the holder candidates hp[0..nh): fewest in-flight, ties random;
- * with decay or temperature (§11.6) the decayed match score decides.
+ * Among the holder candidates hp[0..nh): lowest expected wait (ca_score)
+ * among those under the in-flight gate, or among all when every one is
+ * over it (§11.3: then the spill gate fires), ties random; with decay or
+ * temperature (§11.6) the decayed match score decides.
  */
 static int
 ca_pick_holder(struct cache_aware *ca, struct worker *const *c, const int *hp,
-    unsigned nh, double matched, size_t input, uint64_t now_ms)
+    unsigned nh, double matched, size_t input, double avg, uint64_t now_ms)
 {
 	const struct worker_load *l;
 	double score[TREE_MAX_HOLDERS], best, lo, hi, w, total, r;
@@ -588,16 +635,21 @@ ca_pick_holder(struct cache_aware *ca, struct worker *const *c, const int *hp,
 	double blocks;
 	unsigned i;
 	int pick = -1;
+	bool pick_gated = false;
 
 	if (ca->ca_decay <= 0 && ca->ca_temp <= 0) {
 		for (i = 0; i < nh; i++) {
-			uint32_t ld = ca->ca_load[hp[i]];
+			bool g = ca_gated(ca, ca->ca_load[hp[i]], avg);
 
-			if (ld < bl) {
-				bl = ld;
+			if (pick < 0 || (!g && pick_gated) ||
+			    (g == pick_gated &&
+			        ca->ca_score[hp[i]] < ca->ca_score[pick])) {
 				pick = hp[i];
+				pick_gated = g;
 				ties = 1;
-			} else if (ld == bl && policy_rand_below(++ties) == 0)
+			} else if (g == pick_gated &&
+			    ca->ca_score[hp[i]] == ca->ca_score[pick] &&
+			    policy_rand_below(++ties) == 0)
 				pick = hp[i];
 		}
 		return pick;
@@ -716,9 +768,17 @@ ca_tree_select(struct cache_aware *ca, struct ca_model *cm,
 	}
 	*rate =
 	    m.tm_input > 0 ? (double)m.tm_matched / (double)m.tm_input : 0.0;
+	/* What each candidate holds of this prompt (a shorter prefix too). */
+	for (i = 0; i < n; i++)
+		ca->ca_cached[i] =
+		    m.tm_matched == 0 || c[i]->wk_slot > TREE_MAX_TENANT
+		    ? 0
+		    : ca_tokens(ca, tree_match_depth(&m, c[i]->wk_slot),
+		          m.tm_input);
 	if (*rate <= ca->ca_threshold) {
 		*b = CA_MIN_LOAD_FALLBACK;
-		idx = ca_fallback(ca, c, n, req, now_ms);
+		ca_charge(ca, n, false, 0, now_ms);
+		idx = ca_fallback(ca, n, now_ms);
 		ca_insert(ca, cm, c[idx], req);
 		return idx;
 	}
@@ -729,18 +789,12 @@ ca_tree_select(struct cache_aware *ca, struct ca_model *cm,
 	}
 	if (nh == 0) {
 		*b = CA_FIRST_HEALTHY_FALLBACK;
-		ca_credit(ca, c[0], req, now_ms);
 		return 0;
 	}
+	ca_charge(ca, n, true, ca_tokens(ca, m.tm_matched, m.tm_input), now_ms);
 	idx = ca_pick_holder(ca, c, hp, nh, (double)m.tm_matched, m.tm_input,
-	    now_ms);
-	if (ca_gated(ca, ca->ca_load[idx], avg)) {
-		*b = CA_SPILL;
-		idx = ca_spill(ca, c, n, req, avg, now_ms);
-	} else {
-		*b = CA_TREE_MATCH;
-		ca_credit(ca, c[idx], req, now_ms);
-	}
+	    avg, now_ms);
+	*b = ca_spills(ca, n, &idx, avg) ? CA_SPILL : CA_TREE_MATCH;
 	ca_insert(ca, cm, c[idx], req);
 	return idx;
 }
@@ -765,16 +819,16 @@ ca_event_select(struct cache_aware *ca, struct ca_model *cm,
 	    req->n_tokens, ca->ca_bs, &score);
 	if (idx < 0) {
 		*b = CA_EVENT_NO_OVERLAP;
-		return ca_fallback(ca, c, n, req, now_ms);
+		ca_charge(ca, n, false, 0, now_ms);
+		return ca_fallback(ca, n, now_ms);
 	}
 	bs = kvindex_block_size(kvindex_of(br), cm->cm_name);
 	*rate = (double)score * (bs ? bs : ca->ca_bs) / (double)req->n_tokens;
-	if (ca_gated(ca, ca->ca_load[idx], avg)) {
-		*b = CA_EVENT_SPILL;
-		return ca_spill(ca, c, n, req, avg, now_ms);
-	}
-	*b = CA_EVENT_MATCH;
-	ca_credit(ca, c[idx], req, now_ms);
+	/* Only the best overlap is known: the others count as cold. */
+	ca->ca_cached[idx] =
+	    ca_tokens(ca, (size_t)score * (bs ? bs : ca->ca_bs), req->n_tokens);
+	ca_charge(ca, n, true, ca->ca_cached[idx], now_ms);
+	*b = ca_spills(ca, n, &idx, avg) ? CA_EVENT_SPILL : CA_EVENT_MATCH;
 	return idx;
 }
 
@@ -898,29 +952,32 @@ ca_hash_select(struct cache_aware *ca, struct ca_model *cm,
     struct worker *const *c, unsigned n, const Smg__RouteRequest *req,
     double avg, uint64_t now_ms, enum ca_branch *b)
 {
-	uint64_t keys[64];
+	uint64_t keys[64], held = 0;
 	struct ca_place *pl;
 	size_t nk, k;
 	unsigned i, j;
 	int idx = -1;
 
+	ca_charge(ca, n, false, 0, now_ms);
 	if (!req->has_tokens || req->n_tokens == 0 || ca->ca_nbounds == 0 ||
 	    req->n_tokens < ca->ca_bounds[0]) {
 		*b = req->has_tokens && req->n_tokens > 0
 		    ? CA_SHORT_REQUEST
 		    : CA_MIN_LOAD_FALLBACK;
-		return ca_fallback(ca, c, n, req, now_ms);
+		return ca_fallback(ca, n, now_ms);
 	}
 	nk = ca_hash_keys(ca, req->tokens, req->n_tokens, keys);
 	if (ca_kv_pressure(ca, c, n, now_ms)) {
 		*b = CA_KV_PRESSURE_MIN_LOAD;
-		idx = ca_fallback(ca, c, n, req, now_ms);
+		idx = ca_fallback(ca, n, now_ms);
 		ca_place_record(ca, cm, keys, nk, c[idx], now_ms);
 		return idx;
 	}
 	for (k = 0; k < nk && idx < 0; k++) {
 		if ((pl = ca_place_get(cm, keys[k], false)) == NULL)
 			continue;
+		/* Key k is boundary nk - 1 - k (deepest first). */
+		held = ca->ca_bounds[nk - 1 - k];
 		for (i = 0; i < pl->cp_n; i++) {
 			if (now_ms - pl->cp_h[i].ch_touch_ms > ca->ca_ttl_ms)
 				continue;
@@ -928,6 +985,7 @@ ca_hash_select(struct cache_aware *ca, struct ca_model *cm,
 				if (c[j]->wk_url_hash !=
 				    pl->cp_h[i].ch_url_hash)
 					continue;
+				ca->ca_cached[j] = held;
 				/* Least in-flight, ties lower index. */
 				if (idx < 0 ||
 				    ca->ca_load[j] < ca->ca_load[idx] ||
@@ -937,15 +995,12 @@ ca_hash_select(struct cache_aware *ca, struct ca_model *cm,
 			}
 		}
 	}
-	if (idx >= 0 && ca_gated(ca, ca->ca_load[idx], avg)) {
-		*b = CA_HASH_SPILL;
-		idx = ca_spill(ca, c, n, req, avg, now_ms);
-	} else if (idx >= 0) {
-		*b = CA_HASH_HIT;
-		ca_credit(ca, c[idx], req, now_ms);
+	if (idx >= 0) {
+		ca_charge(ca, n, true, held, now_ms);
+		*b = ca_spills(ca, n, &idx, avg) ? CA_HASH_SPILL : CA_HASH_HIT;
 	} else {
 		*b = CA_MIN_LOAD_FALLBACK;
-		idx = ca_fallback(ca, c, n, req, now_ms);
+		idx = ca_fallback(ca, n, now_ms);
 	}
 	ca_place_record(ca, cm, keys, nk, c[idx], now_ms);
 	return idx;
@@ -970,11 +1025,18 @@ ca_select(struct policy *p, struct worker *const *c, unsigned n,
 		ca_count(ca, CA_NO_HEALTHY_WORKERS);
 		return -1;
 	}
+	ca->ca_prompt = live_prompt_tokens(req,
+	    scorer_get_tunables(ca->ca_scorer)->st_mean_prefill_tokens);
 	for (i = 0; i < n; i++) {
-		ca->ca_load[i] = br != NULL
-		    ? shm_inflight_total(br->br_shm, c[i]->wk_slot)
-		    : 0;
+		ca->ca_load[i] = live_in_flight(br, c[i]);
 		sum += ca->ca_load[i];
+		ca->ca_cached[i] = 0;
+		ca->ca_cands[i].sc_id = c[i]->wk_url_hash;
+		ca->ca_cands[i].sc_in_flight = ca->ca_load[i];
+		ca->ca_cands[i].sc_pending = live_pending(br, c[i]);
+		ca->ca_cands[i].sc_rate = live_rate(c[i]);
+		ca->ca_cands[i].sc_uncached = ca->ca_prompt;
+		ca->ca_cands[i].sc_forfeit = 0;
 	}
 	avg = (double)sum / n;
 	cm = ca_model(ca, c[0]->wk_model, false);
@@ -985,7 +1047,7 @@ ca_select(struct policy *p, struct worker *const *c, unsigned n,
 		idx = ca_hash_select(ca, cm, c, n, req, avg, now, &b);
 	} else if (ca_kv_pressure(ca, c, n, now)) {
 		b = CA_KV_PRESSURE_MIN_LOAD;
-		idx = ca_fallback(ca, c, n, req, now);
+		idx = ca_fallback(ca, n, now);
 		ca_insert(ca, cm, c[idx], req);
 	} else if (br != NULL && req->has_tokens && req->n_tokens > 0 &&
 	    kvindex_active(br, cm->cm_name)) {
@@ -1000,12 +1062,18 @@ ca_select(struct policy *p, struct worker *const *c, unsigned n,
 				ca->ca_pos[c[i]->wk_slot] = -1;
 	}
 	ca_count(ca, b);
+	route_hint_cached(br, c[idx], ca->ca_cached[idx]);
 	if (br != NULL && br->br_debug)
 		log_debug("%s: cache_aware model %s branch %s match %.3f "
-		          "in_flight %u avg %.2f -> %s",
+		          "in_flight %u avg %.2f -> %s (pending %llu, cached "
+		          "%llu of %llu, rate %.0f)",
 		    __func__, cm != NULL ? cm->cm_name : c[0]->wk_model,
 		    ca_branch_name(b), rate, ca->ca_load[idx], avg,
-		    c[idx]->wk_url);
+		    c[idx]->wk_url,
+		    (unsigned long long)ca->ca_cands[idx].sc_pending,
+		    (unsigned long long)ca->ca_cached[idx],
+		    (unsigned long long)ca->ca_prompt,
+		    ca->ca_cands[idx].sc_rate);
 	return idx;
 }
 

@@ -349,14 +349,17 @@ test_new_conversations_spread(void **state)
 	for (i = 0; i < 3; i++)
 		assert_in_range(got[i], 150, 250);
 	assert_int_equal(btu_branch(f, CA, "min_load_fallback"), 600);
-	/* Equal reports: the credit of each dispatch spreads them evenly
-	 * between two polls, one each in turn. */
+	/* Equal reports: the prompt tokens each dispatch leaves pending
+	 * (as the frontends count them) spread them evenly between two
+	 * polls, one each in turn. */
 	for (i = 0; i < 3; i++)
 		report(f, i, 0.0, 0);
 	got[0] = got[1] = got[2] = 0;
 	for (i = 0; i < 300; i++) {
 		fresh_text(q, sizeof(q), 1000 + i);
-		got[pick_text(f, q)]++;
+		idx = pick_text(f, q);
+		got[idx]++;
+		shm_pending_add(f->fx_br->br_shm, 0, f->fx_c[idx]->wk_slot, 16);
 	}
 	for (i = 0; i < 3; i++)
 		assert_int_equal(got[i], 100);
@@ -422,6 +425,124 @@ test_spill_leaves_gated_holder(void **state)
 	btu_fx_free(f);
 }
 
+/* One decision through route_one (the default policy), into *d. */
+static int
+route_text(struct btu_fx *f, const char *text, Smg__Decision *d)
+{
+	Smg__RouteRequest rq = SMG__ROUTE_REQUEST__INIT;
+	char msg[192];
+	unsigned i;
+
+	smg__decision__init(d);
+	rq.model = "";
+	rq.text = (char *)text;
+	rq.has_text = true;
+	rq.size = strlen(text);
+	route_one(f->fx_br, &rq, d, msg, sizeof(msg));
+	assert_int_equal(d->status, SMG__DECISION_STATUS__DECISION_OK);
+	for (i = 0; i < 3; i++)
+		if (f->fx_c[i]->wk_slot == d->worker_slot)
+			return (int)i;
+	fail();
+	return -1;
+}
+
+/* A conversation of `len` chars (4 chars a token), then its next turn. */
+static char *
+turn(unsigned seed, size_t len, size_t more)
+{
+	char *t = malloc(len + more + 1);
+	size_t i;
+
+	assert_non_null(t);
+	for (i = 0; i < len + more; i++)
+		t[i] = (char)('a' + (i * 7 + i / 5 + seed * 13) % 26);
+	for (i = len; i < len + more; i++)
+		t[i] = 'Z';
+	t[len + more] = '\0';
+	return t;
+}
+
+/*
+ * The holder keeps its conversation while its queue costs less than the
+ * cache saves (this prompt's prefix, and the copy a move would leave in
+ * two caches), and loses it beyond.
+ */
+static void
+test_spill_when_queue_outweighs_cache(void **state)
+{
+	struct btu_fx *f = btu_fx_flags_new("ca", "cache_aware");
+	Smg__Decision d;
+	char *t1 = turn(1, 4000, 0), *t2 = turn(1, 4000, 100);
+	struct worker *w0;
+	int idx;
+
+	(void)state;
+	f->fx_bs.bs_max_tree_size = 1000000;
+	btu_fx_start_order(f);
+	w0 = f->fx_c[0];
+	btu_load(f, 1, 1);
+	btu_load(f, 2, 1);
+	/* 1000 tokens, nowhere cached: the idlest, nothing cached. */
+	assert_int_equal(route_text(f, t1, &d), 0);
+	assert_int_equal(d.cached_tokens, 0);
+	/* Next turn, 1025 tokens of which 0 holds 1000: it stays while its
+	 * backlog is below the others' by less than 2 x 1000 tokens. */
+	shm_pending_add(f->fx_br->br_shm, 0, w0->wk_slot, 1900);
+	assert_int_equal(route_text(f, t2, &d), 0);
+	assert_int_equal(d.cached_tokens, 1000);
+	assert_int_equal(btu_branch(f, CA, "tree_match"), 1);
+	/* 0: 2100 + 25 + 1; 1: 1025 + 1000 forfeited + 1 + 1: spill. */
+	shm_pending_add(f->fx_br->br_shm, 0, w0->wk_slot, 200);
+	idx = route_text(f, t2, &d);
+	assert_true(idx == 1 || idx == 2);
+	assert_int_equal(btu_branch(f, CA, "spill"), 1);
+	assert_int_equal(d.cached_tokens, 0);
+	/* Below the in-flight gates: the work gate alone fired. */
+	assert_int_equal(btu_branch(f, CA, "min_load_fallback"), 1);
+	free(t1);
+	free(t2);
+	btu_fx_free(f);
+}
+
+/* Among holders the expected wait decides, learned rates included. */
+static void
+test_holders_by_expected_wait(void **state)
+{
+	struct btu_fx *f = btu_fx_flags_new("ca", "cache_aware");
+	char *t1 = turn(2, 4000, 0), *t2 = turn(2, 4000, 100);
+	unsigned i;
+
+	(void)state;
+	f->fx_bs.bs_max_tree_size = 1000000;
+	btu_fx_start_order(f);
+	for (i = 0; i < 3; i++)
+		policy_cache_aware_replay(f->fx_br->br_default,
+		    BROKER_MODEL_UNKNOWN, 0, f->fx_c[i], t1, strlen(t1));
+	/* Equal rates (none learned): the shortest backlog, whatever the
+	 * in-flight counts say. */
+	shm_pending_add(f->fx_br->br_shm, 0, f->fx_c[0]->wk_slot, 9000);
+	shm_pending_add(f->fx_br->br_shm, 0, f->fx_c[1]->wk_slot, 3000);
+	shm_pending_add(f->fx_br->br_shm, 0, f->fx_c[2]->wk_slot, 5000);
+	btu_load(f, 2, 3);
+	for (i = 0; i < 5; i++)
+		assert_int_equal(pick_text(f, t2), 1);
+	/* 2 prefills four times as fast: 5000 tokens there wait less. */
+	for (i = 0; i < 3; i++) {
+		assert_true(rate_sample(&f->fx_c[i]->wk_rate, 20000,
+		    i == 2 ? 500000 : 2000000));
+	}
+	for (i = 0; i < 5; i++)
+		assert_int_equal(pick_text(f, t2), 2);
+	/* 1 alone held all of t2 by then: the first of these moved it to
+	 * 2 at the cost of 25 forfeited tokens (a spill), the rest stayed. */
+	assert_int_equal(btu_branch(f, CA, "tree_match"), 9);
+	assert_int_equal(btu_branch(f, CA, "spill"), 1);
+	free(t1);
+	free(t2);
+	btu_fx_free(f);
+}
+
 int
 main(void)
 {
@@ -437,6 +558,8 @@ main(void)
 		cmocka_unit_test(test_new_conversations_spread),
 		cmocka_unit_test(test_holder_ties_uniform),
 		cmocka_unit_test(test_spill_leaves_gated_holder),
+		cmocka_unit_test(test_spill_when_queue_outweighs_cache),
+		cmocka_unit_test(test_holders_by_expected_wait),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -4,11 +4,12 @@
  *
  * Each instance owns one scorer. Load reports reach it through
  * po_on_report (every report the broker ingests for a worker of the
- * instance), removed workers leave it through po_on_remove; a selection
- * gives it the candidates with their live in-flight counts from shm. A
+ * instance, with this gateway's pending tokens at that moment), removed
+ * workers leave it through po_on_remove; a selection gives it the
+ * candidates with their live figures (live.c): in flight, pending prompt
+ * tokens, learned prefill rate, and this request's prompt tokens. A
  * report older than 3 x --load-monitor-interval counts as missing, so a
- * dead poller degrades the policy to its rules for workers without
- * reports instead of routing on old numbers.
+ * dead poller leaves the live figures alone to decide.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -98,6 +99,7 @@ policy_least_load_on_report(struct policy *p, struct worker *w)
 	r.sr_waiting_uncached_tokens = l->wl_waiting_uncached_tokens;
 	r.sr_gen_throughput = l->wl_gen_throughput;
 	r.sr_token_usage = l->wl_token_usage;
+	r.sr_pending_then = live_pending(p->pl_br, w);
 	scorer_report(policy_least_load_scorer(p), w->wk_url_hash, &r,
 	    l->wl_received_ms);
 }
@@ -109,8 +111,7 @@ policy_least_load_pick(struct policy *p, struct worker *const *c, unsigned n,
 	struct ll_state *st = p->pl_state;
 	struct broker *br = p->pl_br;
 	struct scorer_pick pick;
-	uint64_t interval_ms = 0, now = shm_now_ms();
-	int64_t tokens = -1;
+	uint64_t interval_ms = 0, now = shm_now_ms(), prompt;
 	char dbg[SCORER_DEBUG_SIZE];
 	unsigned i;
 	int idx;
@@ -120,20 +121,23 @@ policy_least_load_pick(struct policy *p, struct worker *const *c, unsigned n,
 	if (br != NULL)
 		interval_ms =
 		    (uint64_t)br->br_set->bs_load_monitor_interval * 1000;
+	/* No cache knowledge here: the whole prompt is to prefill. */
+	prompt = live_prompt_tokens(req,
+	    scorer_get_tunables(st->ll_scorer)->st_mean_prefill_tokens);
 	for (i = 0; i < n; i++) {
 		st->ll_cands[i].sc_id = c[i]->wk_url_hash;
-		st->ll_cands[i].sc_in_flight = br != NULL && br->br_shm != NULL
-		    ? shm_inflight_total(br->br_shm, c[i]->wk_slot)
-		    : 0;
+		st->ll_cands[i].sc_in_flight = live_in_flight(br, c[i]);
+		st->ll_cands[i].sc_pending = live_pending(br, c[i]);
+		st->ll_cands[i].sc_rate = live_rate(c[i]);
+		st->ll_cands[i].sc_uncached = prompt;
+		st->ll_cands[i].sc_forfeit = 0;
 	}
-	if (req != NULL && req->has_tokens)
-		tokens = (int64_t)req->n_tokens;
 	if (pair)
-		idx = scorer_power_of_two(st->ll_scorer, st->ll_cands, n,
-		    tokens, now, interval_ms, &pick);
+		idx = scorer_power_of_two(st->ll_scorer, st->ll_cands, n, now,
+		    interval_ms, &pick);
 	else
-		idx = scorer_least_load(st->ll_scorer, st->ll_cands, n, tokens,
-		    now, interval_ms, &pick);
+		idx = scorer_least_load(st->ll_scorer, st->ll_cands, n, now,
+		    interval_ms, &pick);
 	if (log_getlevel() > LOG_LEVEL_DEBUG)
 		return idx;
 	if (idx < 0)

@@ -407,6 +407,7 @@ registry_add(struct broker *br, const struct worker_spec *ws, bool persist,
 	    "worker=\"%s\"", u);
 	w->wk_m_active = server_series(br, METRICS_GAUGE,
 	    "smg_worker_requests_active", "worker=\"%s\"", u);
+	live_metrics_init(br, w);
 	server_metric_set(br, w->wk_m_health, w->wk_status == SHM_WORKER_READY);
 	breaker_metrics_init(br, w);
 	registry_index(br, w);
@@ -459,6 +460,7 @@ registry_remove(struct broker *br, struct worker *w)
 		store_del(br->br_store, w->wk_url);
 	server_metric_set(br, w->wk_m_health, 0);
 	server_metric_set(br, w->wk_m_active, 0);
+	live_metrics_clear(br, w);
 	registry_worker_free(w);
 	registry_update_pool_metrics(br);
 }

@@ -180,6 +180,8 @@ route_one(struct broker *br, const Smg__RouteRequest *req, Smg__Decision *d,
 	}
 	n = route_exclude(c, n, req);
 	p = policy_for(br, route_model(br, model), req->leg);
+	br->br_hint_slot = SHM_MAX_WORKERS;
+	br->br_hint_cached = 0;
 	/* The sticky overlay of policies.md §8 wraps the policy. */
 	if (sticky_applies(br, p, req))
 		idx = sticky_select(br, p, c, n, req);
@@ -203,6 +205,10 @@ route_one(struct broker *br, const Smg__RouteRequest *req, Smg__Decision *d,
 	    ? w->wk_model
 	    : (char *)model;
 	d->policy = (char *)policy_name(p);
+	if (br->br_hint_slot == w->wk_slot)
+		d->cached_tokens = br->br_hint_cached > UINT32_MAX
+		    ? UINT32_MAX
+		    : (uint32_t)br->br_hint_cached;
 	route_count(br, w, p);
 	route_keyed(br, req, w);
 	br->br_decisions++;
@@ -211,6 +217,15 @@ route_one(struct broker *br, const Smg__RouteRequest *req, Smg__Decision *d,
 		          "%u candidates)",
 		    __func__, policy_name(p), *model ? model : "-", req->leg,
 		    w->wk_url, w->wk_slot, n);
+}
+
+void
+route_hint_cached(struct broker *br, const struct worker *w, uint64_t tokens)
+{
+	if (br == NULL)
+		return;
+	br->br_hint_slot = w->wk_slot;
+	br->br_hint_cached = tokens;
 }
 
 void
@@ -224,6 +239,7 @@ route_outcome(struct broker *br, const Smg__Outcome *o)
 	if ((w = registry_by_slot(br, o->worker_slot, o->worker_generation)) ==
 	    NULL)
 		return; /* removed or replaced since */
+	live_outcome(br, w, o);
 	if (!o->no_breaker_sample)
 		breaker_record(br, w,
 		    breaker_classify(o->http_status, o->transport_error));

@@ -1,7 +1,8 @@
 /*
- * scorer.c: the expected-wait scorer (policies.md §2) with least_load's and
- * power_of_two's candidate rules. Per-worker entries live in an
- * open-addressing table keyed by the caller's worker id.
+ * scorer.c: the expected-wait scorer (smg-c's reading of policies.md §2,
+ * see scorer.h) with least_load's and power_of_two's candidate rules.
+ * Per-worker report entries live in an open-addressing table keyed by the
+ * caller's worker id.
  */
 #include <inttypes.h>
 #include <math.h>
@@ -22,7 +23,6 @@ struct scorer_entry {
 	bool se_has_report;
 	struct scorer_report se_report;
 	uint64_t se_received_ms;
-	uint64_t se_credit_tokens;
 	uint64_t se_credit_requests;
 };
 
@@ -48,8 +48,8 @@ static const struct scorer_entry *scorer_live(const struct scorer_ctx *cx,
     uint64_t id);
 static bool scorer_capped(const struct scorer_ctx *cx,
     const struct scorer_entry *e);
-static double scorer_reporting_score(const struct scorer *s,
-    const struct scorer_entry *e);
+static double scorer_value(const struct scorer_ctx *cx,
+    const struct scorer_cand *c, const struct scorer_entry *e);
 
 void
 scorer_tunables_default(struct scorer_tunables *t)
@@ -164,7 +164,6 @@ scorer_report(struct scorer *s, uint64_t id, const struct scorer_report *rep,
 	if (rep != NULL)
 		e->se_report = *rep;
 	e->se_received_ms = now_ms;
-	e->se_credit_tokens = 0;
 	e->se_credit_requests = 0;
 }
 
@@ -192,14 +191,12 @@ scorer_forget(struct scorer *s, uint64_t id)
 }
 
 int
-scorer_credit(const struct scorer *s, uint64_t id, uint64_t *tokens,
-    uint64_t *requests)
+scorer_credit(const struct scorer *s, uint64_t id, uint64_t *requests)
 {
 	const struct scorer_entry *e;
 
 	if ((e = scorer_find(s, id)) == NULL)
 		return -1;
-	*tokens = e->se_credit_tokens;
 	*requests = e->se_credit_requests;
 	return 0;
 }
@@ -235,86 +232,84 @@ scorer_capped(const struct scorer_ctx *cx, const struct scorer_entry *e)
 	return (uint64_t)((int64_t)cap - waiting) <= e->se_credit_requests;
 }
 
-/* Step 3. */
+/* The score of scorer.h for c; e is its fresh report entry or NULL. */
 static double
-scorer_reporting_score(const struct scorer *s, const struct scorer_entry *e)
+scorer_value(const struct scorer_ctx *cx, const struct scorer_cand *c,
+    const struct scorer_entry *e)
 {
-	const struct scorer_report *r = &e->se_report;
-	double queued, tp, k, score;
+	const struct scorer_tunables *t = &cx->cx_s->sc_t;
+	const struct scorer_report *r;
+	double rate, queued, excess = 0, k = 0, age, tokens, score;
 
-	if (r->sr_waiting_uncached_tokens > 0)
-		queued = (double)r->sr_waiting_uncached_tokens;
-	else
-		queued =
-		    (double)(r->sr_waiting_reqs > 0 ? r->sr_waiting_reqs : 0) *
-		    s->sc_t.st_mean_prefill_tokens;
-	tp = r->sr_gen_throughput > 0 ? r->sr_gen_throughput
-	                              : s->sc_t.st_default_throughput;
-	k = r->sr_token_usage;
-	if (isnan(k) || k < 0)
-		k = 0;
-	if (k > SCORER_K_MAX)
-		k = SCORER_K_MAX;
-	score = (queued + (double)e->se_credit_tokens) / tp +
-	    s->sc_t.st_kv_pressure_weight * k / (1 - k);
+	rate = c->sc_rate > 0 && isfinite(c->sc_rate)
+	    ? c->sc_rate
+	    : t->st_default_throughput;
+	if (e != NULL) {
+		r = &e->se_report;
+		if (r->sr_waiting_uncached_tokens > 0)
+			queued = (double)r->sr_waiting_uncached_tokens;
+		else
+			queued =
+			    (double)(r->sr_waiting_reqs > 0 ? r->sr_waiting_reqs
+			                                    : 0) *
+			    t->st_mean_prefill_tokens;
+		age = cx->cx_now_ms > e->se_received_ms
+		    ? (double)(cx->cx_now_ms - e->se_received_ms) / 1000.0
+		    : 0;
+		/* What this gateway sent is counted live, not twice; the
+		 * rest drains at the worker's rate since the report. */
+		excess = queued - (double)r->sr_pending_then - rate * age;
+		if (excess < 0)
+			excess = 0;
+		k = r->sr_token_usage;
+		if (isnan(k) || k < 0)
+			k = 0;
+		if (k > SCORER_K_MAX)
+			k = SCORER_K_MAX;
+	}
+	tokens = (double)c->sc_pending + excess + (double)c->sc_uncached +
+	    (double)c->sc_forfeit +
+	    (double)c->sc_in_flight * SCORER_INFLIGHT_TOKENS;
+	score = tokens / rate + t->st_kv_pressure_weight * k / (1 - k);
 	/* A broken report (NaN) never wins over a number. */
 	return isnan(score) ? HUGE_VAL : score;
 }
 
+double
+scorer_score(const struct scorer *s, const struct scorer_cand *c,
+    uint64_t now_ms, uint64_t interval_ms, bool *reporting)
+{
+	struct scorer_ctx cx = { (struct scorer *)s, now_ms, interval_ms };
+	const struct scorer_entry *e = scorer_live(&cx, c->sc_id);
+
+	if (reporting != NULL)
+		*reporting = e != NULL;
+	return scorer_value(&cx, c, e);
+}
+
 int
 scorer_select(struct scorer *s, const struct scorer_cand *c, size_t n,
-    int64_t tokens, uint64_t now_ms, uint64_t interval_ms,
-    struct scorer_pick *out)
+    uint64_t now_ms, uint64_t interval_ms, struct scorer_pick *out)
 {
 	struct scorer_ctx cx = { s, now_ms, interval_ms };
 	const struct scorer_entry *e;
 	struct scorer_entry *w;
-	double tp_sum = 0, nominal, best_rep = 0, score, best = 0;
-	size_t i, nrep = 0, ntp = 0, kept = 0;
+	double score, best = 0;
+	size_t i;
 	uint32_t ties = 0;
-	enum scorer_kind kind;
 
 	out->sp_index = -1;
-	out->sp_kind = SCORER_DARK;
+	out->sp_kind = SCORER_LIVE;
 	out->sp_score = 0;
 	out->sp_in_flight = 0;
-	/* Pass 1: cap, reporting set, its best score and nominal speed. */
+	out->sp_pending = 0;
+	out->sp_rate = 0;
+	/* One pass: cap, score, reservoir over exact ties. */
 	for (i = 0; i < n; i++) {
 		e = scorer_live(&cx, c[i].sc_id);
 		if (scorer_capped(&cx, e))
 			continue;
-		kept++;
-		if (e == NULL)
-			continue;
-		score = scorer_reporting_score(s, e);
-		if (nrep++ == 0 || score < best_rep)
-			best_rep = score;
-		if (e->se_report.sr_gen_throughput > 0) {
-			tp_sum += e->se_report.sr_gen_throughput;
-			ntp++;
-		}
-	}
-	if (kept == 0)
-		return -1;
-	nominal =
-	    ntp > 0 ? tp_sum / (double)ntp : s->sc_t.st_default_throughput;
-	/* Pass 2: every kept candidate's score; reservoir over exact ties. */
-	for (i = 0; i < n; i++) {
-		e = scorer_live(&cx, c[i].sc_id);
-		if (scorer_capped(&cx, e))
-			continue;
-		if (nrep == 0) {
-			kind = SCORER_DARK;
-			score = (double)c[i].sc_in_flight;
-		} else if (e != NULL) {
-			kind = SCORER_REPORTING;
-			score = scorer_reporting_score(s, e);
-		} else {
-			kind = SCORER_NON_REPORTING;
-			score = best_rep +
-			    (double)c[i].sc_in_flight *
-			        s->sc_t.st_mean_prefill_tokens / nominal;
-		}
+		score = scorer_value(&cx, &c[i], e);
 		if (ties == 0 || score < best) {
 			ties = 1;
 		} else if (score == best) {
@@ -324,34 +319,36 @@ scorer_select(struct scorer *s, const struct scorer_cand *c, size_t n,
 			continue;
 		best = score;
 		out->sp_index = (int)i;
-		out->sp_kind = kind;
+		out->sp_kind = e != NULL ? SCORER_REPORTING : SCORER_LIVE;
 		out->sp_score = score;
 		out->sp_in_flight = c[i].sc_in_flight;
+		out->sp_pending = c[i].sc_pending;
+		out->sp_rate = c[i].sc_rate > 0 ? c[i].sc_rate
+		                                : s->sc_t.st_default_throughput;
 	}
-	/* Step 7: only an entry with a report carries credit. */
+	if (out->sp_index < 0)
+		return -1;
+	/* Only an entry with a report counts dispatches (for the cap). */
 	if ((w = scorer_find(s, c[out->sp_index].sc_id)) != NULL &&
-	    w->se_has_report) {
-		w->se_credit_tokens += tokens >= 0
-		    ? (uint64_t)tokens
-		    : s->sc_t.st_mean_prefill_tokens;
+	    w->se_has_report)
 		w->se_credit_requests++;
-	}
 	return out->sp_index;
 }
 
 int
 scorer_least_load(struct scorer *s, const struct scorer_cand *c, size_t n,
-    int64_t tokens, uint64_t now_ms, uint64_t interval_ms,
-    struct scorer_pick *out)
+    uint64_t now_ms, uint64_t interval_ms, struct scorer_pick *out)
 {
 	if (n == 1 && s->sc_t.st_max_waiting_requests == 0) {
 		out->sp_index = 0;
 		out->sp_kind = SCORER_SHORTCUT;
 		out->sp_score = 0;
 		out->sp_in_flight = c[0].sc_in_flight;
+		out->sp_pending = c[0].sc_pending;
+		out->sp_rate = c[0].sc_rate;
 		return 0;
 	}
-	return scorer_select(s, c, n, tokens, now_ms, interval_ms, out);
+	return scorer_select(s, c, n, now_ms, interval_ms, out);
 }
 
 void
@@ -363,8 +360,7 @@ scorer_pair(const struct scorer *s, uint32_t n, uint32_t *i, uint32_t *j)
 
 int
 scorer_power_of_two(struct scorer *s, const struct scorer_cand *c, size_t n,
-    int64_t tokens, uint64_t now_ms, uint64_t interval_ms,
-    struct scorer_pick *out)
+    uint64_t now_ms, uint64_t interval_ms, struct scorer_pick *out)
 {
 	struct scorer_cand pair[2];
 	uint32_t i, j;
@@ -373,17 +369,21 @@ scorer_power_of_two(struct scorer *s, const struct scorer_cand *c, size_t n,
 	out->sp_kind = SCORER_SHORTCUT;
 	out->sp_score = 0;
 	out->sp_in_flight = 0;
+	out->sp_pending = 0;
+	out->sp_rate = 0;
 	if (n == 0)
 		return -1;
 	if (n == 1) {
 		out->sp_index = 0;
 		out->sp_in_flight = c[0].sc_in_flight;
+		out->sp_pending = c[0].sc_pending;
+		out->sp_rate = c[0].sc_rate;
 		return 0;
 	}
 	scorer_pair(s, (uint32_t)n, &i, &j);
 	pair[0] = c[i];
 	pair[1] = c[j];
-	if (scorer_select(s, pair, 2, tokens, now_ms, interval_ms, out) < 0)
+	if (scorer_select(s, pair, 2, now_ms, interval_ms, out) < 0)
 		return -1;
 	out->sp_index = out->sp_index == 0 ? (int)i : (int)j;
 	return out->sp_index;
@@ -395,12 +395,10 @@ scorer_kind_name(enum scorer_kind k)
 	switch (k) {
 	case SCORER_SHORTCUT:
 		return "single candidate";
+	case SCORER_LIVE:
+		return "live";
 	case SCORER_REPORTING:
-		return "reporting";
-	case SCORER_NON_REPORTING:
-		return "non-reporting";
-	case SCORER_DARK:
-		return "no reports";
+		return "live and report";
 	}
 	return "unknown";
 }
@@ -408,7 +406,10 @@ scorer_kind_name(enum scorer_kind k)
 const char *
 scorer_debug(const struct scorer_pick *p, char *buf, size_t len)
 {
-	snprintf(buf, len, "score %.4f, in_flight %" PRIu64 ", %s", p->sp_score,
-	    p->sp_in_flight, scorer_kind_name(p->sp_kind));
+	snprintf(buf, len,
+	    "score %.4f, in_flight %" PRIu64 ", pending %" PRIu64
+	    ", rate %.0f, %s",
+	    p->sp_score, p->sp_in_flight, p->sp_pending, p->sp_rate,
+	    scorer_kind_name(p->sp_kind));
 	return buf;
 }

@@ -1,10 +1,13 @@
 /*
- * scorer_test.c: the expected-wait scorer of policies.md §2 with the worked
- * numbers of the spec, its degradation rules, the waiting cap, stale
- * reports, credit, random tie-breaking and power_of_two's pairs.
+ * scorer_test.c: the expected-wait scorer (smg-c's reading of policies.md
+ * §2) on worked numbers: the spec's report-only examples, live figures
+ * only, both together (excess over what this gateway sent, drained with
+ * age, stale reports), the waiting cap, workers without reports, random
+ * tie-breaking and power_of_two's pairs.
  */
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <math.h>
 #include <stdint.h>
@@ -58,56 +61,71 @@ report(struct scorer *s, uint64_t id, int64_t waiting, int64_t tokens,
 	scorer_report(s, id, &r, now);
 }
 
-/* Score of one candidate as scorer_select sees it alone. */
-static double
-score_alone(struct scorer *s, uint64_t id, uint64_t in_flight)
+/* A candidate with live figures; rate 0 means T₀. */
+static struct scorer_cand
+cand(uint64_t id, uint64_t in_flight, uint64_t pending, double rate,
+    uint64_t uncached)
 {
-	struct scorer_cand c = { id, in_flight };
-	struct scorer_pick p;
-	uint64_t t, r, t2, r2;
-	int had;
+	struct scorer_cand c;
 
-	/* Scoring credits the winner: undo it by measuring before/after. */
-	had = scorer_credit(s, id, &t, &r);
-	assert_int_equal(scorer_select(s, &c, 1, 0, 0, 0, &p), 0);
-	if (had == 0) {
-		assert_int_equal(scorer_credit(s, id, &t2, &r2), 0);
-		assert_true(t2 == t && r2 == r + 1);
-	}
-	return p.sp_score;
+	memset(&c, 0, sizeof(c));
+	c.sc_id = id;
+	c.sc_in_flight = in_flight;
+	c.sc_pending = pending;
+	c.sc_rate = rate;
+	c.sc_uncached = uncached;
+	return c;
 }
 
+/* Score of one candidate with rate `rate`, nothing live. */
+static double
+score_alone(struct scorer *s, uint64_t id, double rate)
+{
+	struct scorer_cand c = cand(id, 0, 0, rate, 0);
+
+	return scorer_score(s, &c, 0, 0, NULL);
+}
+
+/*
+ * policies.md §2's worked numbers, where only reports exist: with the
+ * rate equal to the old divisor the seconds are the same, and in every
+ * case the ranking is.
+ */
 static void
 test_worked_numbers(void **state)
 {
 	struct scorer_tunables t;
 	struct scorer *s;
-	struct scorer_cand c[2] = { { 1, 0 }, { 2, 0 } };
+	struct scorer_cand c[2];
 	struct scorer_pick p;
 
 	(void)state;
 	s = scorer_new(NULL, test_rand);
+	c[0] = cand(1, 0, 0, 100, 0);
+	c[1] = cand(2, 0, 0, 100, 0);
 	/* a: 8000 queued tokens @100 tok/s, k=0.2 → 80.0375 s. */
 	report(s, 1, 0, 8000, 100, 0.2, 0);
 	report(s, 2, 0, 1000, 100, 0.2, 0);
-	assert_int_equal(scorer_select(s, c, 2, 0, 0, 0, &p), 1);
+	assert_int_equal(scorer_select(s, c, 2, 0, 0, &p), 1);
 	assert_int_equal(p.sp_kind, SCORER_REPORTING);
 	assert_near(p.sp_score, 10.0375, EPS);
-	assert_near(score_alone(s, 1, 0), 80.0375, EPS);
+	assert_near(score_alone(s, 1, 100), 80.0375, EPS);
 
-	/* gen_throughput 0 on both: T₀ = 2000 → 5 s vs 0.5 s. */
+	/* No rate known: T₀ = 2000 → 5 s vs 0.5 s (gen_throughput is a
+	 * decode rate and no longer divides prefill work). */
 	report(s, 1, 0, 10000, 0, 0, 0);
 	report(s, 2, 0, 1000, 0, 0, 0);
-	assert_int_equal(scorer_select(s, c, 2, 0, 0, 0, &p), 1);
+	c[0].sc_rate = c[1].sc_rate = 0;
+	assert_int_equal(scorer_select(s, c, 2, 0, 0, &p), 1);
 	assert_near(p.sp_score, 0.5, EPS);
 	assert_near(score_alone(s, 1, 0), 5.0, EPS);
 
 	/* 64 waiting, no token count: 64 * 1024 / 100 ≈ 655 s. */
 	report(s, 1, 64, 0, 100, 0, 0);
-	assert_near(score_alone(s, 1, 0), 655.36, EPS);
+	assert_near(score_alone(s, 1, 100), 655.36, EPS);
 	/* Negative counts are read as zero; usage clamps to 0.999. */
 	report(s, 1, -3, -5, 100, 2.0, 0);
-	assert_near(score_alone(s, 1, 0), 0.15 * 0.999 / 0.001, 1e-6);
+	assert_near(score_alone(s, 1, 100), 0.15 * 0.999 / 0.001, 1e-6);
 	scorer_free(s);
 
 	/* λ = 2, k = 0.98 → barrier 2 · 0.98 / 0.02 = 98 s. */
@@ -115,7 +133,87 @@ test_worked_numbers(void **state)
 	t.st_kv_pressure_weight = 2;
 	s = scorer_new(&t, test_rand);
 	report(s, 1, 0, 0, 100, 0.98, 0);
-	assert_near(score_alone(s, 1, 0), 98.0, 1e-9);
+	assert_near(score_alone(s, 1, 100), 98.0, 1e-9);
+	scorer_free(s);
+}
+
+/* Live figures only: pending and own prompt over the rate. */
+static void
+test_live_only(void **state)
+{
+	struct scorer *s;
+	struct scorer_cand c[3];
+	struct scorer_pick p;
+
+	(void)state;
+	s = scorer_new(NULL, test_rand);
+	/* a: (20000 + 4000) / 10000 = 2.4 s; b: (6000 + 4000) / 5000 = 2 s;
+	 * c: (9000 + 4000 + 3 in flight) / 10000 = 1.3003 s. */
+	c[0] = cand(1, 0, 20000, 10000, 4000);
+	c[1] = cand(2, 0, 6000, 5000, 4000);
+	c[2] = cand(3, 3, 9000, 10000, 4000);
+	assert_near(scorer_score(s, &c[0], 0, 0, NULL), 2.4, EPS);
+	assert_near(scorer_score(s, &c[1], 0, 0, NULL), 2.0, EPS);
+	assert_near(scorer_score(s, &c[2], 0, 0, NULL), 1.3003, EPS);
+	assert_int_equal(scorer_select(s, c, 3, 0, 0, &p), 2);
+	assert_int_equal(p.sp_kind, SCORER_LIVE);
+	assert_int_equal(p.sp_pending, 9000);
+	/* The forfeit charge counts like prompt to prefill: c pays 12000
+	 * tokens of reuse it would redo and loses to b. */
+	c[2].sc_forfeit = 12000;
+	assert_near(scorer_score(s, &c[2], 0, 0, NULL), 2.5003, EPS);
+	assert_int_equal(scorer_select(s, c, 3, 0, 0, &p), 1);
+	/* A broken rate (NaN, negative) reads as unknown: T₀. */
+	c[0] = cand(1, 0, 2000, NAN, 0);
+	assert_near(scorer_score(s, &c[0], 0, 0, NULL), 1.0, EPS);
+	c[0].sc_rate = -5;
+	assert_near(scorer_score(s, &c[0], 0, 0, NULL), 1.0, EPS);
+	scorer_free(s);
+}
+
+/* Reports and live figures together, without counting anything twice. */
+static void
+test_live_and_report(void **state)
+{
+	struct scorer *s;
+	struct scorer_report r;
+	struct scorer_cand c = cand(1, 0, 8000, 1000, 1000);
+	bool rep;
+
+	(void)state;
+	s = scorer_new(NULL, test_rand);
+	memset(&r, 0, sizeof(r));
+	/* The report shows 20000 queued while this gateway had 5000 pending
+	 * there: 15000 are other traffic, added to the 8000 live. */
+	r.sr_waiting_uncached_tokens = 20000;
+	r.sr_token_usage = 0.5;
+	r.sr_pending_then = 5000;
+	scorer_report(s, 1, &r, 1000);
+	assert_near(scorer_score(s, &c, 1000, 10000, &rep),
+	    (8000 + 15000 + 1000) / 1000.0 + 0.15, EPS);
+	assert_true(rep);
+	/* 4 s later the excess has drained at 1000 tokens/s. */
+	assert_near(scorer_score(s, &c, 5000, 10000, NULL),
+	    (8000 + 11000 + 1000) / 1000.0 + 0.15, EPS);
+	/* Drained completely after 15 s (still a fresh report at 30 s). */
+	assert_near(scorer_score(s, &c, 16000, 10000, NULL),
+	    (8000 + 1000) / 1000.0 + 0.15, EPS);
+	/* Older than 3 intervals: no excess, no KV penalty, live stays. */
+	assert_near(scorer_score(s, &c, 31001, 10000, &rep), 9.0, EPS);
+	assert_false(rep);
+	/* A queue below what this gateway has sent adds nothing. */
+	r.sr_waiting_uncached_tokens = 3000;
+	r.sr_pending_then = 8000;
+	r.sr_token_usage = 0;
+	scorer_report(s, 1, &r, 40000);
+	assert_near(scorer_score(s, &c, 40000, 10000, NULL), 9.0, EPS);
+	/* Waiting requests without tokens count p̄ each. */
+	r.sr_waiting_uncached_tokens = 0;
+	r.sr_waiting_reqs = 10;
+	r.sr_pending_then = 240;
+	scorer_report(s, 1, &r, 40000);
+	assert_near(scorer_score(s, &c, 40000, 10000, NULL),
+	    (8000 + 10000 + 1000) / 1000.0, EPS);
 	scorer_free(s);
 }
 
@@ -124,40 +222,42 @@ test_cap(void **state)
 {
 	struct scorer_tunables t;
 	struct scorer *s;
-	struct scorer_cand c[3] = { { 1, 0 }, { 2, 0 }, { 3, 50 } };
+	struct scorer_cand c[3];
 	struct scorer_pick p;
-	uint64_t tok, req;
+	uint64_t req;
 
 	(void)state;
 	scorer_tunables_default(&t);
 	t.st_max_waiting_requests = 48;
 	s = scorer_new(&t, test_rand);
+	c[0] = cand(1, 0, 0, 100, 0);
+	c[1] = cand(2, 0, 0, 100, 0);
+	c[2] = cand(3, 50, 0, 100, 0);
 	/* a reports 64 waiting (best score otherwise): excluded first. */
 	report(s, 1, 64, 1, 1e9, 0, 0);
 	report(s, 2, 10, 50000, 100, 0, 0);
-	assert_int_equal(scorer_select(s, c, 2, 0, 0, 0, &p), 1);
+	assert_int_equal(scorer_select(s, c, 2, 0, 0, &p), 1);
 	/* Capped reporter with a non-reporting peer → the peer. */
 	assert_int_equal(scorer_least_load(s,
-	                     (struct scorer_cand[]) { c[0], c[2] }, 2, 0, 0, 0,
+	                     (struct scorer_cand[]) { c[0], c[2] }, 2, 0, 0,
 	                     &p),
 	    1);
-	assert_int_equal(p.sp_kind, SCORER_DARK);
+	assert_int_equal(p.sp_kind, SCORER_LIVE);
 	/* All capped → nothing; the single-candidate shortcut is off. */
 	report(s, 2, 48, 0, 100, 0, 0);
-	assert_int_equal(scorer_select(s, c, 2, 0, 0, 0, &p), -1);
+	assert_int_equal(scorer_select(s, c, 2, 0, 0, &p), -1);
 	assert_int_equal(p.sp_index, -1);
-	assert_int_equal(scorer_least_load(s, c, 1, 0, 0, 0, &p), -1);
-	/* Credit counts toward the cap: 46 waiting + 2 credited = 48. */
+	assert_int_equal(scorer_least_load(s, c, 1, 0, 0, &p), -1);
+	/* Dispatches count toward the cap: 46 waiting + 2 sent = 48. */
 	report(s, 2, 46, 0, 100, 0, 0);
-	assert_int_equal(scorer_select(s, &c[1], 1, 7, 0, 0, &p), 0);
-	assert_int_equal(scorer_select(s, &c[1], 1, 7, 0, 0, &p), 0);
-	assert_int_equal(scorer_credit(s, 2, &tok, &req), 0);
-	assert_int_equal(tok, 14);
+	assert_int_equal(scorer_select(s, &c[1], 1, 0, 0, &p), 0);
+	assert_int_equal(scorer_select(s, &c[1], 1, 0, 0, &p), 0);
+	assert_int_equal(scorer_credit(s, 2, &req), 0);
 	assert_int_equal(req, 2);
-	assert_int_equal(scorer_select(s, &c[1], 1, 7, 0, 0, &p), -1);
-	/* A fresh report resets the credit. */
+	assert_int_equal(scorer_select(s, &c[1], 1, 0, 0, &p), -1);
+	/* A fresh report resets the count. */
 	report(s, 2, 46, 0, 100, 0, 0);
-	assert_int_equal(scorer_select(s, &c[1], 1, 7, 0, 0, &p), 0);
+	assert_int_equal(scorer_select(s, &c[1], 1, 0, 0, &p), 0);
 	scorer_free(s);
 }
 
@@ -165,88 +265,37 @@ static void
 test_degradation(void **state)
 {
 	struct scorer *s;
-	struct scorer_cand c[4] = { { 1, 0 }, { 2, 0 }, { 3, 4 }, { 4, 1 } };
+	struct scorer_cand c[3];
 	struct scorer_pick p;
-	int i, won[3] = { 0 };
+	uint64_t req;
 
 	(void)state;
 	s = scorer_new(NULL, test_rand);
-	/* Reporting a: 1000 tok @100 = 10 s; b: 6000 @300 = 20 s. */
+	c[0] = cand(1, 0, 0, 100, 0);
+	c[1] = cand(2, 0, 0, 100, 0);
+	c[2] = cand(3, 4, 0, 100, 0);
+	/* Reporting a: 1000 tok = 10 s; b: 6000 = 60 s. */
 	report(s, 1, 0, 1000, 100, 0, 0);
 	report(s, 2, 0, 6000, 300, 0, 0);
-	/* Reporting is scoped to C: alone, non-reporter 3 is dark. */
-	assert_int_equal(scorer_select(s, &c[2], 1, 0, 0, 0, &p), 0);
-	assert_int_equal(p.sp_kind, SCORER_DARK);
-	assert_near(p.sp_score, 4.0, EPS);
-	/* With 4 in flight the non-reporter scores 10 + 4 * 1024 / 200. */
-	assert_int_equal(scorer_select(s, c, 3, 0, 0, 0, &p), 0);
-	assert_int_equal(p.sp_kind, SCORER_REPORTING);
+	/* A worker without a report is judged on its live figures: with 4
+	 * in flight, 4 * 1 / 100 = 0.04 s, below a's 10 s. */
+	assert_int_equal(scorer_select(s, c, 3, 0, 0, &p), 2);
+	assert_int_equal(p.sp_kind, SCORER_LIVE);
+	assert_near(p.sp_score, 0.04, EPS);
+	/* With a backlog it sinks below the reporter. */
+	c[2].sc_pending = 1000;
+	assert_int_equal(scorer_select(s, c, 3, 0, 0, &p), 0);
 	assert_near(p.sp_score, 10.0, EPS);
-	/* An idle non-reporter ties the best reporter and shares its
-	 * traffic through the random tie-break. */
-	c[2].sc_in_flight = 0;
-	for (i = 0; i < 400; i++) {
-		assert_true(scorer_select(s, c, 3, 0, 0, 0, &p) >= 0);
-		won[p.sp_index]++;
-		if (p.sp_index == 2)
-			assert_int_equal(p.sp_kind, SCORER_NON_REPORTING);
-		assert_near(p.sp_score, 10.0, EPS);
-	}
-	assert_int_equal(won[1], 0);
-	assert_in_range(won[0], 140, 260);
-	assert_in_range(won[2], 140, 260);
-	/* Dark set: fewest in-flight, score = in-flight. */
-	c[2].sc_in_flight = 2;
-	assert_int_equal(scorer_select(s, &c[2], 2, 0, 0, 0, &p), 1);
-	assert_int_equal(p.sp_kind, SCORER_DARK);
-	assert_near(p.sp_score, 1.0, EPS);
-	/* A forgotten worker is non-reporting again. */
-	scorer_forget(s, 1);
-	c[0].sc_in_flight = 7;
-	c[1].sc_in_flight = 9;
-	assert_int_equal(scorer_select(s, c, 2, 0, 0, 0, &p), 1);
-	assert_int_equal(p.sp_kind, SCORER_REPORTING);
-	assert_near(p.sp_score, 20.0, EPS);
-	scorer_free(s);
-}
-
-static void
-test_stale_and_credit(void **state)
-{
-	struct scorer *s;
-	struct scorer_cand c[2] = { { 1, 5 }, { 2, 1 } };
-	struct scorer_pick p;
-	uint64_t tok, req;
-
-	(void)state;
-	s = scorer_new(NULL, test_rand);
-	/* 1 has an idle report at t=1000; 2 never reported and has one in
-	 * flight, so it scores 1024 / 100 s above 1. */
-	report(s, 1, 0, 0, 100, 0, 1000);
-	/* Interval 1 s: still valid at 4000 (3 s old). */
-	assert_int_equal(scorer_select(s, c, 2, -1, 4000, 1000, &p), 0);
-	assert_int_equal(p.sp_kind, SCORER_REPORTING);
-	assert_int_equal(scorer_credit(s, 1, &tok, &req), 0);
-	assert_int_equal(tok, 1024); /* no token count: p̄ */
-	assert_int_equal(req, 1);
-	/* Older than 3 intervals: missing → dark, in-flight decides. */
-	assert_int_equal(scorer_select(s, c, 2, -1, 4001, 1000, &p), 1);
-	assert_int_equal(p.sp_kind, SCORER_DARK);
-	/* Interval 0: reports never age. */
-	assert_int_equal(scorer_select(s, c, 2, 100, 999999, 0, &p), 0);
-	assert_int_equal(scorer_credit(s, 1, &tok, &req), 0);
-	assert_int_equal(tok, 1124);
-	assert_int_equal(req, 2);
-	/* Credit raises the score: 1124 / 100 tok/s. */
-	assert_near(p.sp_score, 10.24, EPS);
-	/* Non-reporting winners have no entry and get no credit. */
-	assert_int_equal(scorer_credit(s, 2, &tok, &req), -1);
 	/* A report with zero ranks: no report from then on. */
-	scorer_report(s, 1, NULL, 5000);
-	assert_int_equal(scorer_select(s, c, 2, 0, 5000, 1000, &p), 1);
-	assert_int_equal(p.sp_kind, SCORER_DARK);
-	assert_int_equal(scorer_credit(s, 1, &tok, &req), 0);
+	scorer_report(s, 1, NULL, 0);
+	assert_int_equal(scorer_select(s, c, 2, 0, 0, &p), 0);
+	assert_int_equal(p.sp_kind, SCORER_LIVE);
+	assert_near(p.sp_score, 0, EPS);
+	assert_int_equal(scorer_credit(s, 1, &req), 0);
 	assert_int_equal(req, 0);
+	/* A forgotten worker has no entry. */
+	scorer_forget(s, 2);
+	assert_int_equal(scorer_credit(s, 2, &req), -1);
 	scorer_free(s);
 }
 
@@ -254,19 +303,19 @@ static void
 test_least_load_shortcut(void **state)
 {
 	struct scorer *s;
-	struct scorer_cand c = { 1, 9 };
+	struct scorer_cand c = cand(1, 9, 0, 0, 0);
 	struct scorer_pick p;
-	uint64_t tok, req;
+	uint64_t req;
 
 	(void)state;
 	s = scorer_new(NULL, test_rand);
 	report(s, 1, 0, 0, 100, 0, 0);
-	assert_int_equal(scorer_least_load(s, &c, 1, 0, 0, 0, &p), 0);
+	assert_int_equal(scorer_least_load(s, &c, 1, 0, 0, &p), 0);
 	assert_int_equal(p.sp_kind, SCORER_SHORTCUT);
 	assert_int_equal(p.sp_in_flight, 9);
-	assert_int_equal(scorer_credit(s, 1, &tok, &req), 0);
+	assert_int_equal(scorer_credit(s, 1, &req), 0);
 	assert_int_equal(req, 0);
-	assert_int_equal(scorer_least_load(s, &c, 0, 0, 0, 0, &p), -1);
+	assert_int_equal(scorer_least_load(s, &c, 0, 0, 0, &p), -1);
 	scorer_free(s);
 }
 
@@ -274,17 +323,18 @@ static void
 test_tie_distribution(void **state)
 {
 	struct scorer *s;
-	struct scorer_cand c[5] = { { 1, 2 }, { 2, 2 }, { 3, 2 }, { 4, 2 },
-		{ 5, 3 } };
+	struct scorer_cand c[5];
 	struct scorer_pick p;
 	double chi = 0, d;
 	int i, count[5] = { 0 };
 	const int picks = 8000;
 
 	(void)state;
+	for (i = 0; i < 5; i++)
+		c[i] = cand((uint64_t)i + 1, i < 4 ? 2 : 3, 0, 0, 1000);
 	s = scorer_new(NULL, test_rand);
 	for (i = 0; i < picks; i++) {
-		assert_true(scorer_least_load(s, c, 5, 0, 0, 0, &p) >= 0);
+		assert_true(scorer_least_load(s, c, 5, 0, 0, &p) >= 0);
 		count[p.sp_index]++;
 	}
 	assert_int_equal(count[4], 0);
@@ -301,7 +351,7 @@ static void
 test_power_of_two(void **state)
 {
 	struct scorer *s;
-	struct scorer_cand c[4] = { { 1, 0 }, { 2, 1 }, { 3, 2 }, { 4, 3 } };
+	struct scorer_cand c[4];
 	struct scorer_pick p;
 	int pairs[4][4] = { { 0 } }, won[4] = { 0 };
 	uint32_t i, j;
@@ -310,6 +360,8 @@ test_power_of_two(void **state)
 	const int draws = 12000;
 
 	(void)state;
+	for (k = 0; k < 4; k++)
+		c[k] = cand((uint64_t)k + 1, 0, (uint64_t)k * 1000, 0, 500);
 	s = scorer_new(NULL, test_rand);
 	/* Every ordered pair of distinct workers equally likely. */
 	for (k = 0; k < draws; k++) {
@@ -326,47 +378,35 @@ test_power_of_two(void **state)
 		}
 	/* 11 degrees of freedom: 31.26 is the 0.1 % critical value. */
 	assert_true(chi < 31.26);
-	/* Dark fleet: the pair's lower in-flight wins, so worker 0 wins
-	 * 1/2 of the time, 1 1/3, 2 1/6, 3 never. */
+	/* The pair's lower pending wins, so worker 0 wins 1/2 of the time,
+	 * 1 1/3, 2 1/6, 3 never. */
 	for (k = 0; k < 6000; k++) {
-		assert_true(scorer_power_of_two(s, c, 4, 0, 0, 0, &p) >= 0);
+		assert_true(scorer_power_of_two(s, c, 4, 0, 0, &p) >= 0);
 		won[p.sp_index]++;
 	}
 	assert_in_range(won[0], 2800, 3200);
 	assert_in_range(won[1], 1800, 2200);
 	assert_in_range(won[2], 850, 1150);
 	assert_int_equal(won[3], 0);
-	assert_int_equal(scorer_power_of_two(s, c, 1, 0, 0, 0, &p), 0);
-	assert_int_equal(scorer_power_of_two(s, c, 0, 0, 0, 0, &p), -1);
+	assert_int_equal(scorer_power_of_two(s, c, 1, 0, 0, &p), 0);
+	assert_int_equal(scorer_power_of_two(s, c, 0, 0, 0, &p), -1);
 	scorer_free(s);
 
-	/* Only the pair is scored: 1 and 2 are both dark within the pair
-	 * even though 0 reports, so the winner's score is its in-flight. */
+	/* Only the pair is scored: (1, 2) never sees idle worker 0. */
 	s = scorer_new(NULL, script_rand);
 	report(s, 1, 0, 100000, 100, 0, 0);
 	script[0] = 1; /* i = 1 */
 	script[1] = 0; /* j = (1 + 1 + 0) mod 3 = 2 */
 	script_pos = 0;
-	c[1].sc_in_flight = 5;
-	c[2].sc_in_flight = 1;
-	assert_int_equal(scorer_power_of_two(s, c, 3, 0, 0, 0, &p), 2);
-	assert_int_equal(p.sp_kind, SCORER_DARK);
-	assert_near(p.sp_score, 1.0, EPS);
-	/* Pair (2, 0): 0 reports 1000 s; idle 2 ties it as a non-reporter
-	 * and the tie draw (1 of 2: keep the first) keeps 2. */
+	assert_int_equal(scorer_power_of_two(s, c, 3, 0, 0, &p), 1);
+	assert_int_equal(p.sp_kind, SCORER_LIVE);
+	assert_near(p.sp_score, 1500 / 2000.0, EPS);
+	/* Pair (2, 0): 0 reports 100000 tokens; 2 has 2000 live. */
 	script[0] = 2;
 	script[1] = 0;
-	script[2] = 1;
 	script_pos = 0;
-	c[2].sc_in_flight = 0;
-	assert_int_equal(scorer_power_of_two(s, c, 3, 0, 0, 0, &p), 2);
-	assert_int_equal(p.sp_kind, SCORER_NON_REPORTING);
-	assert_near(p.sp_score, 1000.0, EPS);
-	/* With one in flight it sinks below the reporter. */
-	c[2].sc_in_flight = 1;
-	script_pos = 0;
-	assert_int_equal(scorer_power_of_two(s, c, 3, 0, 0, 0, &p), 0);
-	assert_near(p.sp_score, 1000.0, EPS);
+	assert_int_equal(scorer_power_of_two(s, c, 3, 0, 0, &p), 2);
+	assert_near(p.sp_score, 2500 / 2000.0, EPS);
 	scorer_free(s);
 }
 
@@ -377,7 +417,7 @@ test_table_and_debug(void **state)
 	struct scorer *s;
 	struct scorer_pick p;
 	char buf[SCORER_DEBUG_SIZE];
-	uint64_t id, tok, req;
+	uint64_t id, req;
 
 	(void)state;
 	/* Growth and backward-shift deletion keep every entry reachable. */
@@ -387,7 +427,7 @@ test_table_and_debug(void **state)
 	for (id = 0; id < 1000; id += 2)
 		scorer_forget(s, id * 7919);
 	for (id = 0; id < 1000; id++)
-		assert_int_equal(scorer_credit(s, id * 7919, &tok, &req),
+		assert_int_equal(scorer_credit(s, id * 7919, &req),
 		    id % 2 == 0 ? -1 : 0);
 	scorer_forget(s, 12345678);
 	scorer_free(s);
@@ -409,8 +449,11 @@ test_table_and_debug(void **state)
 	p.sp_kind = SCORER_REPORTING;
 	p.sp_score = 10.0375;
 	p.sp_in_flight = 3;
+	p.sp_pending = 12000;
+	p.sp_rate = 9876.4;
 	assert_string_equal(scorer_debug(&p, buf, sizeof(buf)),
-	    "score 10.0375, in_flight 3, reporting");
+	    "score 10.0375, in_flight 3, pending 12000, rate 9876, live and "
+	    "report");
 }
 
 int
@@ -418,9 +461,10 @@ main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_worked_numbers),
+		cmocka_unit_test(test_live_only),
+		cmocka_unit_test(test_live_and_report),
 		cmocka_unit_test(test_cap),
 		cmocka_unit_test(test_degradation),
-		cmocka_unit_test(test_stale_and_credit),
 		cmocka_unit_test(test_least_load_shortcut),
 		cmocka_unit_test(test_tie_distribution),
 		cmocka_unit_test(test_power_of_two),

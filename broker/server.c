@@ -481,6 +481,7 @@ server_tick_cb(struct ev_loop *loop, ev_timer *t, int revents)
 		server_metric_set(br, w->wk_m_active,
 		    shm_inflight_total(br->br_shm, w->wk_slot));
 	}
+	live_tick(br);
 	policy_sweep_all(br, shm_now_ms());
 	sticky_sweep(br, shm_now_ms());
 }

@@ -783,13 +783,14 @@ match_bytes(struct tree *t, const unsigned char *b, size_t nb,
     struct tree_match *m)
 {
 	struct tree_node *n = &t->t_root, *c, *end = NULL, *x;
-	size_t pos = 0, k, matched = 0;
+	size_t pos = 0, k, matched = 0, above = 0;
 	uint32_t i, start, pos_slot, e;
 
 	while (pos < nb && (c = kid_find(t, n, b + pos)) != NULL) {
 		k = common(t, c->n_edge, b + pos,
 		    c->n_bytes < nb - pos ? c->n_bytes : nb - pos);
 		end = c;
+		above = matched;
 		if (k < c->n_bytes) {
 			matched += units(t, c->n_edge, k);
 			break;
@@ -801,6 +802,7 @@ match_bytes(struct tree *t, const unsigned char *b, size_t nb,
 	m->tm_matched = matched;
 	m->tm_nholders = 0;
 	m->tm_total = 0;
+	m->tm_above = above;
 	m->tm_node = NULL;
 	if (end == NULL || matched == 0)
 		return;
@@ -964,6 +966,28 @@ tree_match_holds(const struct tree_match *m, unsigned tenant)
 	if (m->tm_node == NULL || tenant > TREE_MAX_TENANT)
 		return 0;
 	return slot_find(m->tm_node, tenant, &pos);
+}
+
+size_t
+tree_match_depth(const struct tree_match *m, unsigned tenant)
+{
+	const struct tree_node *x;
+	size_t depth;
+	uint32_t pos;
+
+	if (m->tm_node == NULL || tenant > TREE_MAX_TENANT)
+		return 0;
+	if (slot_find(m->tm_node, tenant, &pos))
+		return m->tm_matched;
+	depth = m->tm_above;
+	/* The root (no parent) holds every tenant but no text. */
+	for (x = m->tm_node->n_parent; x != NULL && x->n_parent != NULL;
+	     x = x->n_parent) {
+		if (slot_find(x, tenant, &pos))
+			return depth;
+		depth -= x->n_len;
+	}
+	return 0;
 }
 
 void

@@ -58,6 +58,8 @@ struct tree_match {
 	uint16_t tm_holders[TREE_MAX_HOLDERS];
 	/* Number of tenants on that node (may exceed tm_nholders). */
 	unsigned tm_total;
+	/* Chars or tokens matched above that node (its parent's depth). */
+	size_t tm_above;
 	/* The node itself, for tree_match_holds; valid only until the next
 	 * insert, eviction or removal on the tree. NULL when tm_matched is 0.
 	 */
@@ -103,6 +105,15 @@ void tree_match_tokens(struct tree *tree, const uint32_t *tok, size_t ntok,
 /* 1 if tenant is on the node where match m ended, else 0. m must be fresh
  * (no insert, eviction or removal on the tree since the match). */
 int tree_match_holds(const struct tree_match *m, unsigned tenant);
+
+/*
+ * How much of the matched input tenant holds: tm_matched when it is on the
+ * node where match m ended, else the depth of the deepest node of the
+ * matched path that holds it (tenant sets are closed towards the root), 0
+ * when none does. Same freshness rule as tree_match_holds. Costs one
+ * step per node of the path, O(log tenants) each.
+ */
+size_t tree_match_depth(const struct tree_match *m, unsigned tenant);
 
 /* Detaches tenant from every node, root included, deleting nodes left
  * without tenant (worker removed). */

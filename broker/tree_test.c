@@ -95,6 +95,51 @@ test_shared_prefix(void **state)
 	tree_free(t);
 }
 
+/* How much of a match each tenant holds, along the matched path. */
+static void
+test_match_depth(void **state)
+{
+	struct tree *t = tree_new(TREE_STRING, BIG, 1);
+	struct tree *k = tree_new(TREE_TOKEN, BIG, 4);
+	struct tree_match m;
+	uint32_t a[12] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12 };
+	uint32_t b[12] = { 1, 2, 3, 4, 5, 6, 7, 8, 0, 0, 0, 0 };
+
+	(void)state;
+	assert_int_equal(tree_insert(t, "system: be brief. user: hi", 26, 0),
+	    0);
+	assert_int_equal(tree_insert(t, "system: be brief. user: yo", 26, 1),
+	    0);
+	assert_int_equal(tree_insert(t, "system: be", 10, 2), 0);
+	assert_int_equal(tree_insert(t, "", 0, 3), 0);
+	match_str(t, "system: be brief. user: hi there", &m);
+	assert_int_equal(m.tm_matched, 26);
+	assert_int_equal(m.tm_above, 24);
+	assert_int_equal(tree_match_depth(&m, 0), 26);
+	/* 1 shares "system: be brief. user: " (24 chars), 2 "system: be". */
+	assert_int_equal(tree_match_depth(&m, 1), 24);
+	assert_int_equal(tree_match_depth(&m, 2), 10);
+	/* On the root only, or unknown: nothing held. */
+	assert_int_equal(tree_match_depth(&m, 3), 0);
+	assert_int_equal(tree_match_depth(&m, 9), 0);
+	assert_int_equal(tree_match_depth(&m, 70000), 0);
+	/* A match ending inside an edge: its holders hold that much. */
+	match_str(t, "system: be brief. user: y", &m);
+	assert_int_equal(m.tm_matched, 25);
+	assert_int_equal(tree_match_depth(&m, 1), 25);
+	assert_int_equal(tree_match_depth(&m, 0), 24);
+	match_str(t, "nothing", &m);
+	assert_int_equal(tree_match_depth(&m, 0), 0);
+	/* Token trees count whole pages. */
+	assert_int_equal(tree_insert_tokens(k, a, 12, 0), 0);
+	assert_int_equal(tree_insert_tokens(k, b, 12, 1), 0);
+	tree_match_tokens(k, a, 12, &m);
+	assert_int_equal(tree_match_depth(&m, 0), 12);
+	assert_int_equal(tree_match_depth(&m, 1), 8);
+	tree_free(t);
+	tree_free(k);
+}
+
 static void
 test_utf8(void **state)
 {
@@ -687,6 +732,7 @@ main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_shared_prefix),
+		cmocka_unit_test(test_match_depth),
 		cmocka_unit_test(test_utf8),
 		cmocka_unit_test(test_holders),
 		cmocka_unit_test(test_remove_tenant),

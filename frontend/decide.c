@@ -162,7 +162,8 @@ decide_dispatch_shed(const struct decision *d)
 
 void
 decide_outcome_of(const struct decision *d, const struct extract_inputs *in,
-    int http_status, bool transport_error, bool no_breaker_sample)
+    int http_status, bool transport_error, bool no_breaker_sample,
+    const struct outcome_live *live)
 {
 	char key[DECIDE_KEY_MAX];
 
@@ -172,12 +173,13 @@ decide_outcome_of(const struct decision *d, const struct extract_inputs *in,
 		decide_key(in, fe->fe_cf->cf_routing_key_override, key,
 		    sizeof(key));
 	decide_outcome(d->dc_slot, d->dc_generation, http_status,
-	    transport_error, key, no_breaker_sample);
+	    transport_error, key, no_breaker_sample, live, d->dc_cached_tokens);
 }
 
 void
 decide_outcome(unsigned slot, uint32_t generation, int http_status,
-    bool transport_error, const char *key, bool no_breaker_sample)
+    bool transport_error, const char *key, bool no_breaker_sample,
+    const struct outcome_live *live, uint32_t cached_tokens)
 {
 	Smg__Outcome *o;
 
@@ -200,6 +202,14 @@ decide_outcome(unsigned slot, uint32_t generation, int http_status,
 	o->http_status = (uint32_t)http_status;
 	o->transport_error = transport_error;
 	o->no_breaker_sample = no_breaker_sample;
+	if (live != NULL) {
+		o->prompt_tokens = live->ol_prompt_tokens;
+		o->ttfb_us = live->ol_ttfb_us;
+		o->ahead_tokens = live->ol_ahead_tokens;
+		o->first_byte = live->ol_first_byte;
+		o->unstreamed = live->ol_unstreamed;
+		o->cached_tokens = cached_tokens;
+	}
 	if (!decide_down && !ev_is_active(&decide_outcome_timer))
 		ev_timer_start(fe->fe_loop, &decide_outcome_timer);
 }
@@ -395,6 +405,7 @@ decide_from_proto(const Smg__Decision *pd, struct decision *d)
 		d->dc_ok = true;
 		d->dc_slot = pd->worker_slot;
 		d->dc_generation = pd->worker_generation;
+		d->dc_cached_tokens = pd->cached_tokens;
 		snprintf(d->dc_url, sizeof(d->dc_url), "%s",
 		    pd->worker_url != NULL ? pd->worker_url : "");
 		snprintf(d->dc_model, sizeof(d->dc_model), "%s",
@@ -477,7 +488,7 @@ decide_reply_cb(void *arg, int status, const uint8_t *reply, size_t len)
 			        SMG__DECISION_STATUS__DECISION_OK)
 				decide_outcome(db->decisions[i]->worker_slot,
 				    db->decisions[i]->worker_generation, 0,
-				    false, b->db_keys[i], true);
+				    false, b->db_keys[i], true, NULL, 0);
 			continue;
 		}
 		it->di_batch = NULL;

@@ -20,6 +20,15 @@ static void exchange_end_all(struct exchange *, int,
     const struct exchange_leg *, bool);
 static void exchange_count(struct exchange *, bool, const char *);
 
+/* Whether a leg's worker prefills the prompt (not a decode or encode
+ * leg): only those carry live prefill load. */
+static bool
+exchange_prefills(const struct exchange_leg *xl)
+{
+	return xl->xl_leg == SMG__LEG__LEG_SINGLE ||
+	    xl->xl_leg == SMG__LEG__LEG_PREFILL;
+}
+
 struct exchange *
 exchange_new(struct conn *c, const struct extract_inputs *in,
     enum extract_endpoint ep, const char *backend, unsigned nlegs,
@@ -222,8 +231,25 @@ exchange_dispatch(struct exchange *ex, unsigned i, struct upstream_req *up)
 	if (!xl->xl_inflight) {
 		xl->xl_inflight = true;
 		shm_inflight_inc(fe->fe_shm, fe->fe_row, xl->xl_d.dc_slot);
+		/* Live load: this prompt waits for its first byte there. */
+		xl->xl_ahead = shm_pending_total(fe->fe_shm, xl->xl_d.dc_slot);
+		xl->xl_pending = exchange_prefills(xl) ? ex->ex_prompt_tokens : 0;
+		if (xl->xl_pending > 0)
+			shm_pending_add(fe->fe_shm, fe->fe_row,
+			    xl->xl_d.dc_slot, (int64_t)xl->xl_pending);
 	}
 	return 0;
+}
+
+/* Its prompt's prefill is no longer waiting on the worker. */
+static void
+exchange_release_pending(struct exchange_leg *xl)
+{
+	if (xl->xl_pending == 0)
+		return;
+	shm_pending_add(fe->fe_shm, fe->fe_row, xl->xl_d.dc_slot,
+	    -(int64_t)xl->xl_pending);
+	xl->xl_pending = 0;
 }
 
 void
@@ -235,6 +261,7 @@ exchange_first_byte(struct exchange *ex, unsigned i)
 		return;
 	xl->xl_first_byte = true;
 	xl->xl_ttfb = ev_now(fe->fe_loop) - xl->xl_sent;
+	exchange_release_pending(xl);
 }
 
 void
@@ -242,6 +269,9 @@ exchange_end(struct exchange *ex, unsigned i, int status, bool transport,
     bool no_sample)
 {
 	struct exchange_leg *xl = &ex->ex_legs[i];
+	struct outcome_live live = { 0 };
+	bool sent = xl->xl_inflight;
+	double ttfb_us;
 
 	if (xl->xl_up != NULL) {
 		upstream_cancel(xl->xl_up);
@@ -249,14 +279,30 @@ exchange_end(struct exchange *ex, unsigned i, int status, bool transport,
 	}
 	if (xl->xl_inflight) {
 		xl->xl_inflight = false;
+		exchange_release_pending(xl);
 		shm_inflight_dec(fe->fe_shm, fe->fe_row, xl->xl_d.dc_slot);
 	}
 	if (xl->xl_outcome_due) {
 		xl->xl_outcome_due = false;
 		if (ex->ex_fixed)
 			return; /* never decided by the broker */
+		if (sent && exchange_prefills(xl)) {
+			live.ol_prompt_tokens = (uint32_t)(ex->ex_prompt_tokens >
+				UINT32_MAX
+			    ? UINT32_MAX
+			    : ex->ex_prompt_tokens);
+			live.ol_ahead_tokens = xl->xl_ahead;
+			live.ol_first_byte = xl->xl_first_byte;
+			ttfb_us = xl->xl_ttfb * 1e6;
+			live.ol_ttfb_us = xl->xl_first_byte
+			    ? (uint32_t)(ttfb_us > 4e9 ? 4e9 : ttfb_us)
+			    : 0;
+			/* A whole body at once: its first byte is the end of
+			 * the generation, not of the prefill. */
+			live.ol_unstreamed = !ex->ex_streaming;
+		}
 		decide_outcome_of(&xl->xl_d, ex->ex_in, status, transport,
-		    no_sample);
+		    no_sample, sent ? &live : NULL);
 	}
 }
 

@@ -262,6 +262,7 @@ struct decision {
 	char dc_message[FE_MSG_MAX];
 	bool dc_terminal;
 	unsigned dc_retry_after;
+	uint32_t dc_cached_tokens; /* Decision.cached_tokens, for the outcome */
 };
 
 /*
@@ -320,13 +321,30 @@ void decide_cancel(struct decide_item *it);
 /* An effective routing key: at most 128 bytes and the NUL. */
 #define DECIDE_KEY_MAX 129
 /*
+ * What an attempt dispatched to a worker saw live (Outcome fields 7-11 of
+ * ipc.proto): prompt tokens it added to the worker's pending tokens, the
+ * worker's pending total just before, and the time to the first response
+ * body byte. NULL where an outcome has none (never dispatched): zeros.
+ */
+struct outcome_live {
+	uint32_t ol_prompt_tokens;
+	uint64_t ol_ahead_tokens;
+	uint32_t ol_ttfb_us; /* 0 when no body byte came */
+	bool ol_first_byte;
+	bool ol_unstreamed; /* not streamed: ttfb is the whole generation */
+};
+
+/*
  * Queues an attempt's outcome for the broker: the circuit breaker's
- * sample (none when no_breaker_sample: the client went away) and the end
- * of the key's in-flight (key from decide_key, "" or NULL when none).
- * Every successful broker decision gets exactly one outcome.
+ * sample (none when no_breaker_sample: the client went away), the end
+ * of the key's in-flight (key from decide_key, "" or NULL when none) and
+ * the attempt's live figures (live, NULL for none; cached_tokens is the
+ * decision's Decision.cached_tokens). Every successful broker decision
+ * gets exactly one outcome.
  */
 void decide_outcome(unsigned slot, uint32_t generation, int http_status,
-    bool transport_error, const char *key, bool no_breaker_sample);
+    bool transport_error, const char *key, bool no_breaker_sample,
+    const struct outcome_live *live, uint32_t cached_tokens);
 /*
  * The request's effective routing key as the broker counts it (policies.md
  * §1.4), without leg prefix: with override the rid key if any, else the
@@ -342,7 +360,7 @@ const char *decide_key(const struct extract_inputs *in, bool override,
  */
 void decide_outcome_of(const struct decision *d,
     const struct extract_inputs *in, int http_status, bool transport_error,
-    bool no_breaker_sample);
+    bool no_breaker_sample, const struct outcome_live *live);
 /*
  * The dispatch-time overload re-check (gateway.md §8): whether the
  * worker of (slot, generation) has its overload flag set in shm now.
@@ -400,6 +418,8 @@ struct exchange_leg {
 	bool xl_first_byte; /* a response body byte arrived */
 	ev_tstamp xl_sent;
 	ev_tstamp xl_ttfb; /* seconds to the first body byte */
+	uint64_t xl_pending; /* prompt tokens counted in shm pending now */
+	uint64_t xl_ahead; /* the worker's pending tokens at dispatch */
 	uint32_t xl_exclude[FE_MAX_EXCLUDE];
 	size_t xl_nexclude;
 };

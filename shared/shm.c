@@ -368,9 +368,12 @@ shm_row_zero(struct shm_row *r)
 {
 	unsigned i;
 
-	for (i = 0; i < SHM_MAX_WORKERS; i++)
+	for (i = 0; i < SHM_MAX_WORKERS; i++) {
 		atomic_store_explicit(&r->row_inflight[i], 0,
 		    memory_order_relaxed);
+		atomic_store_explicit(&r->row_pending_tokens[i], 0,
+		    memory_order_relaxed);
+	}
 }
 
 /*
@@ -554,8 +557,53 @@ shm_inflight_reset_slot(struct shm *shm, unsigned slot)
 
 	if (slot >= SHM_MAX_WORKERS)
 		return;
-	for (row = 0; row < SHM_ROWS; row++)
+	for (row = 0; row < SHM_ROWS; row++) {
 		atomic_store_explicit(
 		    &shm->sm_seg->sh_rows[row].row_inflight[slot], 0,
 		    memory_order_relaxed);
+		atomic_store_explicit(
+		    &shm->sm_seg->sh_rows[row].row_pending_tokens[slot], 0,
+		    memory_order_relaxed);
+	}
+}
+
+/* ---------------------------------------------------------------- pending */
+
+void
+shm_pending_add(struct shm *shm, int row, unsigned slot, int64_t delta)
+{
+	_Atomic int64_t *p;
+	int64_t v, next;
+
+	if (row < 0 || row >= SHM_ROWS || slot >= SHM_MAX_WORKERS || delta == 0)
+		return;
+	p = &shm->sm_seg->sh_rows[row].row_pending_tokens[slot];
+	if (delta < -INT64_MAX)
+		delta = -INT64_MAX;
+	if (delta > 0) {
+		atomic_fetch_add_explicit(p, delta, memory_order_relaxed);
+		return;
+	}
+	/* Never below zero: the slot or row may have been reset meanwhile. */
+	v = atomic_load_explicit(p, memory_order_relaxed);
+	do {
+		next = v > -delta ? v + delta : 0;
+	} while (v != next &&
+	    !atomic_compare_exchange_weak_explicit(p, &v, next,
+	        memory_order_relaxed, memory_order_relaxed));
+}
+
+uint64_t
+shm_pending_total(struct shm *shm, unsigned slot)
+{
+	int64_t total = 0;
+	int row;
+
+	if (slot >= SHM_MAX_WORKERS)
+		return 0;
+	for (row = 0; row < SHM_ROWS; row++)
+		total += atomic_load_explicit(
+		    &shm->sm_seg->sh_rows[row].row_pending_tokens[slot],
+		    memory_order_relaxed);
+	return total > 0 ? (uint64_t)total : 0;
 }

@@ -4,8 +4,9 @@
  * It carries what must be read on the request path without a round trip:
  *   - the worker table (written by the broker only, read by all under a
  *     per-slot seqlock);
- *   - one row per frontend slot with its in-flight counters per worker and
- *     a heartbeat (written by that frontend only);
+ *   - one row per frontend slot with its live load per worker (requests in
+ *     flight, prompt tokens still waiting for a first response byte) and a
+ *     heartbeat (written by that frontend only);
  *   - metric series (see metrics.h), one value column per process row.
  * The segment is versioned: a process that finds a segment with another
  * magic, version or size refuses to use it (shm_open_segment returns -1).
@@ -14,9 +15,9 @@
  * race is handled: losers map the winner's file); nobody but the launcher
  * (and tests) unlinks it, so a broker or frontend restart re-attaches and
  * keeps every counter. Frontends claim a row with shm_frontend_claim; the
- * broker calls shm_reclaim_dead every 250 ms, which zeroes the in-flight
- * counters of a row whose process died (pid gone, or heartbeat older than
- * SHM_HEARTBEAT_STALE_MS) and frees the row.
+ * broker calls shm_reclaim_dead every 250 ms, which zeroes the live-load
+ * counters (in flight and pending tokens) of a row whose process died (pid
+ * gone, or heartbeat older than SHM_HEARTBEAT_STALE_MS) and frees the row.
  */
 #ifndef SHARED_SHM_H
 #define SHARED_SHM_H
@@ -28,7 +29,7 @@
 #include <sys/types.h>
 
 #define SHM_MAGIC              0x53474d43u /* "SMGC" */
-#define SHM_VERSION            2u
+#define SHM_VERSION            3u
 #define SHM_FILENAME           "smg.shm"
 #define SHM_MAX_WORKERS        512
 #define SHM_MAX_FRONTENDS      64
@@ -97,6 +98,12 @@ struct shm_row {
 	_Atomic uint32_t row_pad;
 	_Atomic uint64_t row_heartbeat_ms; /* CLOCK_MONOTONIC ms */
 	_Atomic uint32_t row_inflight[SHM_MAX_WORKERS];
+	/*
+	 * Prompt tokens (token ids, else estimated) of this row's requests
+	 * sent to each worker that still wait for their first response body
+	 * byte. Never below zero (shm_pending_add clamps).
+	 */
+	_Atomic int64_t row_pending_tokens[SHM_MAX_WORKERS];
 };
 
 struct shm_series {
@@ -157,7 +164,7 @@ uint64_t shm_workers_generation(struct shm *shm);
  * it is free, dead or already the caller's: 0, or -1 (logged) when a live
  * process holds it. shm_heartbeat stamps the caller's row; call it at
  * least every 500 ms. shm_row_release frees the caller's row at clean
- * exit, zeroing its in-flight (metric values are kept).
+ * exit, zeroing its in-flight and pending tokens (metric values are kept).
  * A row's row_pid is 0 when free, the owner's pid, or minus the pid of a
  * process reclaiming it. A dead process must have been reaped (a zombie
  * still answers kill(pid, 0)) or have a stale heartbeat.
@@ -167,8 +174,9 @@ int shm_row_claim(struct shm *shm, int row);
 void shm_heartbeat(struct shm *shm, int row);
 void shm_row_release(struct shm *shm, int row);
 /*
- * Zeroes the in-flight counters of dead rows and frees them; returns how
- * many rows were reclaimed. Any process may call it (the broker does).
+ * Zeroes the in-flight counts and pending tokens of dead rows and frees
+ * them; returns how many rows were reclaimed. Any process may call it (the
+ * broker does).
  */
 int shm_reclaim_dead(struct shm *shm);
 
@@ -176,7 +184,23 @@ int shm_reclaim_dead(struct shm *shm);
 void shm_inflight_inc(struct shm *shm, int row, unsigned slot);
 void shm_inflight_dec(struct shm *shm, int row, unsigned slot);
 uint32_t shm_inflight_total(struct shm *shm, unsigned slot);
-/* Zeroes every row's count for a slot (broker, when a slot is reused). */
+/*
+ * Zeroes every row's in-flight count and pending tokens for a slot
+ * (broker, when a slot is reused).
+ */
 void shm_inflight_reset_slot(struct shm *shm, unsigned slot);
+
+/*
+ * Pending prompt tokens (live prefill load). shm_pending_add adds delta
+ * (negative to release) to the caller's row for slot; the row never goes
+ * below zero, since a reset may have zeroed it while the request was out.
+ * A frontend adds the request's prompt tokens when it dispatches and
+ * subtracts the same amount exactly once: at the first response body
+ * byte, or when the attempt ends without one. Out-of-range row or slot:
+ * ignored. shm_pending_total sums every row (reading 67 atomics); a
+ * negative sum reads as 0.
+ */
+void shm_pending_add(struct shm *shm, int row, unsigned slot, int64_t delta);
+uint64_t shm_pending_total(struct shm *shm, unsigned slot);
 
 #endif /* SHARED_SHM_H */

@@ -295,6 +295,59 @@ test_inflight(void **state)
 	shm_close(shm);
 }
 
+static void
+test_pending(void **state)
+{
+	struct fixture *fx = *state;
+	struct shm *shm;
+
+	shm = shm_open_segment(fx->fx_run);
+	assert_non_null(shm);
+	assert_int_equal(shm_pending_total(shm, 3), 0);
+	shm_pending_add(shm, 0, 3, 1000);
+	shm_pending_add(shm, 0, 3, 500);
+	shm_pending_add(shm, 5, 3, 250);
+	shm_pending_add(shm, 1, 4, 7);
+	assert_int_equal(shm_pending_total(shm, 3), 1750);
+	assert_int_equal(shm_pending_total(shm, 4), 7);
+	/* Releases are per row. */
+	shm_pending_add(shm, 0, 3, -1000);
+	assert_int_equal(shm_pending_total(shm, 3), 750);
+	/* A row never goes below zero, so it cannot eat another's tokens. */
+	shm_pending_add(shm, 5, 3, -900);
+	assert_int_equal(shm_pending_total(shm, 3), 500);
+	assert_int_equal(
+	    atomic_load(&shm_segment(shm)->sh_rows[5].row_pending_tokens[3]),
+	    0);
+	shm_pending_add(shm, 0, 3, INT64_MIN);
+	assert_int_equal(shm_pending_total(shm, 3), 0);
+	/* Out of range is ignored. */
+	shm_pending_add(shm, SHM_ROWS, 3, 10);
+	shm_pending_add(shm, -1, 3, 10);
+	shm_pending_add(shm, 0, SHM_MAX_WORKERS, 10);
+	assert_int_equal(shm_pending_total(shm, 3), 0);
+	assert_int_equal(shm_pending_total(shm, SHM_MAX_WORKERS), 0);
+	/* A reused slot starts from zero in every row, in-flight too. */
+	shm_pending_add(shm, 0, 3, 100);
+	shm_pending_add(shm, 9, 3, 100);
+	shm_inflight_inc(shm, 9, 3);
+	shm_inflight_reset_slot(shm, 3);
+	assert_int_equal(shm_pending_total(shm, 3), 0);
+	assert_int_equal(shm_inflight_total(shm, 3), 0);
+	assert_int_equal(shm_pending_total(shm, 4), 7);
+	/* The late release of a request sent before the reset is harmless. */
+	shm_pending_add(shm, 0, 3, -100);
+	shm_pending_add(shm, 0, 3, 40);
+	assert_int_equal(shm_pending_total(shm, 3), 40);
+	/* A clean exit releases the row's pending tokens. */
+	assert_int_equal(shm_frontend_claim(shm, 6), 6);
+	shm_pending_add(shm, 6, 4, 33);
+	assert_int_equal(shm_pending_total(shm, 4), 40);
+	shm_row_release(shm, 6);
+	assert_int_equal(shm_pending_total(shm, 4), 7);
+	shm_close(shm);
+}
+
 /* A frontend that dies: its in-flight goes, its metric values stay. */
 static void
 test_dead_frontend_reclaimed(void **state)
@@ -322,6 +375,8 @@ test_dead_frontend_reclaimed(void **state)
 		shm_inflight_inc(cshm, row, 9);
 		shm_inflight_inc(cshm, row, 9);
 		shm_inflight_inc(cshm, row, 10);
+		shm_pending_add(cshm, row, 9, 12000);
+		shm_pending_add(cshm, row, 10, 3000);
 		atomic_fetch_add(&shm_segment(cshm)->sh_values[row][1], 77);
 		if (write(row_pipe[1], &row, sizeof(row)) != sizeof(row))
 			_exit(3);
@@ -334,9 +389,15 @@ test_dead_frontend_reclaimed(void **state)
 	assert_int_equal(waitpid(pid, &status, 0), pid);
 	assert_int_equal(atomic_load(&seg->sh_rows[2].row_pid), (int32_t)pid);
 	assert_int_equal(shm_inflight_total(shm, 9), 2);
+	shm_pending_add(shm, 0, 9, 5);
+	assert_int_equal(shm_pending_total(shm, 9), 12005);
 
 	assert_int_equal(shm_reclaim_dead(shm), 1);
 	assert_int_equal(shm_inflight_total(shm, 9), 0);
+	/* Only the dead row's tokens go. */
+	assert_int_equal(shm_pending_total(shm, 9), 5);
+	assert_int_equal(shm_pending_total(shm, 10), 0);
+	shm_pending_add(shm, 0, 9, -5);
 	assert_int_equal(shm_inflight_total(shm, 10), 0);
 	assert_int_equal(atomic_load(&seg->sh_rows[2].row_pid), 0);
 	assert_int_equal(atomic_load(&seg->sh_values[2][1]), 77);
@@ -462,6 +523,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_seqlock_concurrent, setup,
 		    teardown),
 		cmocka_unit_test_setup_teardown(test_inflight, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_pending, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_dead_frontend_reclaimed,
 		    setup, teardown),
 		cmocka_unit_test_setup_teardown(test_stale_heartbeat, setup,

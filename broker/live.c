@@ -1,0 +1,130 @@
+/*
+ * live.c: the live load of workers. Frontends keep, per worker, the
+ * requests they have in flight and the prompt tokens still waiting for a
+ * first response byte in their shm rows; their outcomes say how long each
+ * prompt took to its first byte, which teaches every worker's prefill rate
+ * (rate.h). The load-aware policies read both through this file.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "shared/log.h"
+#include "shared/metrics.h"
+#include "shared/xmalloc.h"
+
+#include "broker.h"
+
+uint64_t
+live_prompt_tokens(const Smg__RouteRequest *req, uint64_t unknown)
+{
+	uint64_t chars;
+
+	if (req == NULL)
+		return unknown;
+	if (req->has_tokens && req->n_tokens > 0)
+		return req->n_tokens;
+	chars = req->size;
+	if (chars == 0 && req->has_text && req->text != NULL)
+		chars = strlen(req->text);
+	/* A non-empty text is at least one token. */
+	return chars > 0 ? (chars + 3) / 4 : unknown;
+}
+
+uint64_t
+live_pending(struct broker *br, const struct worker *w)
+{
+	if (br == NULL || br->br_shm == NULL)
+		return 0;
+	return shm_pending_total(br->br_shm, w->wk_slot);
+}
+
+uint32_t
+live_in_flight(struct broker *br, const struct worker *w)
+{
+	if (br == NULL || br->br_shm == NULL)
+		return 0;
+	return shm_inflight_total(br->br_shm, w->wk_slot);
+}
+
+double
+live_rate(const struct worker *w)
+{
+	if (rate_known(&w->wk_rate))
+		return rate_get(&w->wk_rate, 0);
+	return w->wk_me != NULL ? w->wk_me->me_rate_prior : 0;
+}
+
+void
+live_outcome(struct broker *br, struct worker *w, const Smg__Outcome *o)
+{
+	uint64_t uncached, tokens;
+
+	(void)br;
+	if (!o->first_byte || o->unstreamed || o->ttfb_us == 0)
+		return;
+	/* What the worker had to prefill before this first byte. */
+	uncached = o->cached_tokens < o->prompt_tokens
+	    ? o->prompt_tokens - o->cached_tokens
+	    : 0;
+	tokens = o->ahead_tokens + uncached;
+	if (rate_sample(&w->wk_rate, tokens, o->ttfb_us))
+		log_debug("%s: %s: %llu tokens in %u us -> %.0f tokens/s",
+		    __func__, w->wk_url, (unsigned long long)tokens, o->ttfb_us,
+		    rate_get(&w->wk_rate, 0));
+}
+
+void
+live_tick(struct broker *br)
+{
+	struct model_entry *me;
+	struct worker *w;
+	double *v = NULL;
+	unsigned i, j, n;
+	size_t cap = 0;
+
+	for (i = 0; i < br->br_nmodels; i++) {
+		me = br->br_models[i];
+		if (me->me_n > cap) {
+			cap = me->me_n;
+			v = xreallocarray(v, cap, sizeof(*v));
+		}
+		for (j = 0, n = 0; j < me->me_n; j++) {
+			if (rate_known(&me->me_workers[j]->wk_rate))
+				v[n++] =
+				    rate_get(&me->me_workers[j]->wk_rate, 0);
+		}
+		me->me_rate_prior = n > 0 ? rate_median(v, n) : 0;
+	}
+	free(v);
+	for (i = 0; i < br->br_nworkers; i++) {
+		w = br->br_order[i];
+		server_metric_set(br, w->wk_m_pending,
+		    (int64_t)live_pending(br, w));
+		server_metric_set(br, w->wk_m_rate,
+		    rate_known(&w->wk_rate)
+		        ? (int64_t)(rate_get(&w->wk_rate, 0) + 0.5)
+		        : 0);
+	}
+}
+
+void
+live_metrics_init(struct broker *br, struct worker *w)
+{
+	char u[SHM_URL_MAX * 2];
+
+	rate_init(&w->wk_rate);
+	server_label_escape(u, sizeof(u), w->wk_url);
+	w->wk_m_pending = server_series(br, METRICS_GAUGE,
+	    "smg_worker_outstanding_prefill_tokens", "worker=\"%s\"", u);
+	w->wk_m_rate = server_series(br, METRICS_GAUGE,
+	    "smg_worker_prefill_rate_tokens_per_second", "worker=\"%s\"", u);
+	server_metric_set(br, w->wk_m_pending, (int64_t)live_pending(br, w));
+	server_metric_set(br, w->wk_m_rate, 0);
+}
+
+void
+live_metrics_clear(struct broker *br, struct worker *w)
+{
+	server_metric_set(br, w->wk_m_pending, 0);
+	server_metric_set(br, w->wk_m_rate, 0);
+}
