@@ -233,7 +233,8 @@ exchange_dispatch(struct exchange *ex, unsigned i, struct upstream_req *up)
 		shm_inflight_inc(fe->fe_shm, fe->fe_row, xl->xl_d.dc_slot);
 		/* Live load: this prompt waits for its first byte there. */
 		xl->xl_ahead = shm_pending_total(fe->fe_shm, xl->xl_d.dc_slot);
-		xl->xl_pending = exchange_prefills(xl) ? ex->ex_prompt_tokens : 0;
+		xl->xl_pending =
+		    exchange_prefills(xl) ? ex->ex_prompt_tokens : 0;
 		if (xl->xl_pending > 0)
 			shm_pending_add(fe->fe_shm, fe->fe_row,
 			    xl->xl_d.dc_slot, (int64_t)xl->xl_pending);
@@ -287,10 +288,10 @@ exchange_end(struct exchange *ex, unsigned i, int status, bool transport,
 		if (ex->ex_fixed)
 			return; /* never decided by the broker */
 		if (sent && exchange_prefills(xl)) {
-			live.ol_prompt_tokens = (uint32_t)(ex->ex_prompt_tokens >
-				UINT32_MAX
-			    ? UINT32_MAX
-			    : ex->ex_prompt_tokens);
+			live.ol_prompt_tokens =
+			    (uint32_t)(ex->ex_prompt_tokens > UINT32_MAX
+			            ? UINT32_MAX
+			            : ex->ex_prompt_tokens);
 			live.ol_ahead_tokens = xl->xl_ahead;
 			live.ol_first_byte = xl->xl_first_byte;
 			ttfb_us = xl->xl_ttfb * 1e6;
@@ -421,6 +422,16 @@ exchange_next(struct exchange *ex, unsigned i, enum exchange_failure f,
 		snprintf(code, sizeof(code), "%s", "call_upstream_timeout");
 		msg = "The worker did not answer in time";
 		break;
+	case EXCHANGE_TOO_LARGE:
+		/* The worker answered: no breaker sample, and the same
+		 * request would get the same answer: no retry either. */
+		status = 502;
+		transport = false;
+		sample = false;
+		snprintf(code, sizeof(code), "%s",
+		    "upstream_response_too_large");
+		msg = "The worker's response is over --max-payload-size";
+		break;
 	case EXCHANGE_NO_MEMORY:
 		status = 503;
 		transport = false;
@@ -460,7 +471,7 @@ exchange_next(struct exchange *ex, unsigned i, enum exchange_failure f,
 	    f == EXCHANGE_WORKER_STATUS ? worker_status : status,
 	    f == EXCHANGE_WORKER_STATUS ? "" : code);
 	stats_add("smg_router_upstream_responses_total", labels, 1);
-	if (exchange_can_retry(ex, status)) {
+	if (f != EXCHANGE_TOO_LARGE && exchange_can_retry(ex, status)) {
 		/* Avoid this worker next time when another remains. */
 		if (xl->xl_nexclude < FE_MAX_EXCLUDE)
 			xl->xl_exclude[xl->xl_nexclude++] = xl->xl_d.dc_slot;

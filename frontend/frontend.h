@@ -217,6 +217,17 @@ void hdr_response_head(struct http_out *o, int status,
     bool chunked, const char *request_id, const char *worker_url,
     bool keep_alive);
 
+/*
+ * A copy of h[0..n) in one malloc'd block (free() it), with room for one
+ * more entry at index n; NULL when out of memory.
+ */
+struct upstream_header *hdr_copy(const struct upstream_header *h, size_t n);
+/*
+ * Replaces any content-length in h (which has room for n + 1 entries) by
+ * one of value len, formatted into buf. Returns the new count.
+ */
+size_t hdr_set_length(struct upstream_header *h, size_t n, char *buf,
+    size_t buflen, size_t len);
 /* The value of a response header (any case) or NULL. */
 const struct upstream_header *hdr_find(const struct upstream_header *h,
     size_t n, const char *name);
@@ -389,6 +400,7 @@ enum exchange_failure {
 	EXCHANGE_TIMEOUT, /* --request-timeout-secs */
 	EXCHANGE_BAD_RESPONSE, /* not HTTP, or cut before the head ended */
 	EXCHANGE_NO_MEMORY, /* the gateway's own failure */
+	EXCHANGE_TOO_LARGE, /* a held response over --max-payload-size */
 };
 
 /* What the owner of an exchange (proxy.c, pd.c) is told. */

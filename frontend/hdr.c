@@ -4,6 +4,7 @@
  * the client with the gateway's own headers added.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
@@ -198,4 +199,50 @@ hdr_response_head(struct http_out *o, int status,
 		http_out_header(o, "transfer-encoding", "chunked");
 	http_out_header(o, "connection", keep_alive ? "keep-alive" : "close");
 	http_out_end_head(o);
+}
+
+struct upstream_header *
+hdr_copy(const struct upstream_header *h, size_t n)
+{
+	struct upstream_header *out;
+	size_t i, need = 0;
+	char *p;
+
+	for (i = 0; i < n; i++)
+		need += h[i].uh_name_len + h[i].uh_value_len + 2;
+	if ((out = malloc((n + 1) * sizeof(*out) + need + 1)) == NULL)
+		return NULL;
+	p = (char *)(out + n + 1);
+	for (i = 0; i < n; i++) {
+		memcpy(p, h[i].uh_name, h[i].uh_name_len);
+		p[h[i].uh_name_len] = '\0';
+		out[i].uh_name = p;
+		out[i].uh_name_len = h[i].uh_name_len;
+		p += h[i].uh_name_len + 1;
+		memcpy(p, h[i].uh_value, h[i].uh_value_len);
+		p[h[i].uh_value_len] = '\0';
+		out[i].uh_value = p;
+		out[i].uh_value_len = h[i].uh_value_len;
+		p += h[i].uh_value_len + 1;
+	}
+	return out;
+}
+
+size_t
+hdr_set_length(struct upstream_header *h, size_t n, char *buf, size_t buflen,
+    size_t len)
+{
+	size_t i, k;
+	int w;
+
+	for (i = 0, k = 0; i < n; i++)
+		if (!(h[i].uh_name_len == 14 &&
+		        strncasecmp(h[i].uh_name, "content-length", 14) == 0))
+			h[k++] = h[i];
+	w = snprintf(buf, buflen, "%zu", len);
+	h[k].uh_name = "content-length";
+	h[k].uh_name_len = 14;
+	h[k].uh_value = buf;
+	h[k].uh_value_len = w > 0 ? (size_t)w : 0;
+	return k + 1;
 }

@@ -798,8 +798,6 @@ pd_on_head(void *arg, int status, const struct upstream_header *h, size_t n)
 {
 	struct pd_leg *lg = arg;
 	struct pd_req *rq = lg->lg_rq;
-	size_t i, need = 0;
-	char *p;
 
 	lg->lg_status = status;
 	if (lg->lg_index != PD_DECODE) {
@@ -809,26 +807,10 @@ pd_on_head(void *arg, int status, const struct upstream_header *h, size_t n)
 	}
 	if (status >= 200 && status < 300) {
 		/* Held until every other leg said 2xx: copy it. */
-		for (i = 0; i < n; i++)
-			need += h[i].uh_name_len + h[i].uh_value_len + 2;
-		rq->pr_dh = malloc(n * sizeof(*rq->pr_dh) + need + 1);
-		if (rq->pr_dh == NULL) {
+		if ((rq->pr_dh = hdr_copy(h, n)) == NULL) {
 			exchange_next(rq->pr_ex, lg->lg_index,
 			    EXCHANGE_NO_MEMORY, 0, NULL);
 			return;
-		}
-		p = (char *)(rq->pr_dh + n);
-		for (i = 0; i < n; i++) {
-			memcpy(p, h[i].uh_name, h[i].uh_name_len);
-			p[h[i].uh_name_len] = '\0';
-			rq->pr_dh[i].uh_name = p;
-			rq->pr_dh[i].uh_name_len = h[i].uh_name_len;
-			p += h[i].uh_name_len + 1;
-			memcpy(p, h[i].uh_value, h[i].uh_value_len);
-			p[h[i].uh_value_len] = '\0';
-			rq->pr_dh[i].uh_value = p;
-			rq->pr_dh[i].uh_value_len = h[i].uh_value_len;
-			p += h[i].uh_value_len + 1;
 		}
 		rq->pr_ndh = n;
 		/* A body to merge is read whole before the client sees it. */
@@ -982,7 +964,7 @@ pd_release(struct pd_req *rq)
 	struct pd_leg *pre = &rq->pr_legs[PD_PREFILL];
 	struct conn *c = rq->pr_conn;
 	struct upstream_header *h = rq->pr_dh;
-	size_t nh = rq->pr_ndh, i;
+	size_t nh = rq->pr_ndh;
 	char clen[24];
 	bool keep_length;
 
@@ -994,22 +976,12 @@ pd_release(struct pd_req *rq)
 	    !(rq->pr_merge && rq->pr_ex->ex_streaming);
 	if (rq->pr_merge && !rq->pr_ex->ex_streaming) {
 		/* The whole body is here: its length replaces the worker's. */
-		if (pd_merge_whole(rq) == -1 ||
-		    (h = malloc((nh + 1) * sizeof(*h))) == NULL) {
+		if (pd_merge_whole(rq) == -1) {
 			exchange_next(rq->pr_ex, PD_DECODE, EXCHANGE_NO_MEMORY,
 			    0, NULL);
 			return;
 		}
-		for (i = 0, nh = 0; i < rq->pr_ndh; i++)
-			if (strcasecmp(rq->pr_dh[i].uh_name,
-			        "content-length") != 0)
-				h[nh++] = rq->pr_dh[i];
-		snprintf(clen, sizeof(clen), "%zu", dec->lg_len);
-		h[nh].uh_name = "content-length";
-		h[nh].uh_name_len = strlen("content-length");
-		h[nh].uh_value = clen;
-		h[nh].uh_value_len = strlen(clen);
-		nh++;
+		nh = hdr_set_length(h, nh, clen, sizeof(clen), dec->lg_len);
 		keep_length = true;
 	}
 	rq->pr_chunked = !keep_length && conn_http_minor(c) >= 1;
@@ -1019,8 +991,6 @@ pd_release(struct pd_req *rq)
 	    rq->pr_ex->ex_streaming, rq->pr_chunked, rq->pr_id,
 	    dec->lg_x->xl_d.dc_url);
 	rq->pr_ex->ex_relayed = true;
-	if (h != rq->pr_dh)
-		free(h);
 	free(rq->pr_dh);
 	rq->pr_dh = NULL;
 	rq->pr_ndh = 0;

@@ -31,6 +31,14 @@ struct req {
 	bool rq_chunked;
 	bool rq_paused;
 	int rq_status; /* worker status of this attempt */
+	/* A response not streamed to the client is read whole first
+	 * (gateway.md §4 step 6): its head and body are held here. */
+	bool rq_holding;
+	struct upstream_header *rq_hh;
+	size_t rq_nhh;
+	char *rq_hbody;
+	size_t rq_hlen;
+	size_t rq_hcap;
 	bool rq_stream_body; /* body streamed unparsed (gateway.md §6.4) */
 	bool rq_client_paused; /* reading the streamed body is paused */
 	uint64_t rq_body_total; /* its declared length */
@@ -45,6 +53,8 @@ static void proxy_failed(void *, int, const char *, const char *, int);
 static void proxy_on_head(void *, int, const struct upstream_header *, size_t);
 static void proxy_on_body(void *, const char *, size_t);
 static void proxy_on_done(void *, enum upstream_error);
+static void proxy_hold_body(struct req *, const char *, size_t);
+static void proxy_relay_held(struct req *);
 static void proxy_free(void *);
 static int proxy_resolve_alias(struct req *);
 static void proxy_start_stream(struct req *);
@@ -171,6 +181,19 @@ proxy_free(void *arg)
 	extract_inputs_free(&rq->rq_in);
 	free(rq->rq_body_alloc);
 	free(rq->rq_early);
+	free(rq->rq_hh);
+	free(rq->rq_hbody);
+}
+
+/* Drops what a failed attempt held. */
+static void
+proxy_drop_held(struct req *rq)
+{
+	free(rq->rq_hh);
+	rq->rq_hh = NULL;
+	rq->rq_nhh = 0;
+	rq->rq_hlen = 0;
+	rq->rq_holding = false;
 }
 
 /* The request failed for good: the gateway's error answers it. */
@@ -297,6 +320,18 @@ proxy_on_head(void *arg, int status, const struct upstream_header *h, size_t n)
 		exchange_next(ex, 0, EXCHANGE_WORKER_STATUS, status, NULL);
 		return;
 	}
+	if (!ex->ex_streaming && !rq->rq_stream_body) {
+		/* Read whole, then relayed: a worker failing mid-body is a
+		 * failed attempt, never a truncated 200. */
+		proxy_drop_held(rq);
+		if ((rq->rq_hh = hdr_copy(h, n)) == NULL) {
+			exchange_next(ex, 0, EXCHANGE_NO_MEMORY, 0, NULL);
+			return;
+		}
+		rq->rq_nhh = n;
+		rq->rq_holding = true;
+		return;
+	}
 	cl = hdr_find(h, n, "content-length");
 	keep_length = cl != NULL;
 	rq->rq_chunked = !keep_length && conn_http_minor(c) >= 1;
@@ -323,6 +358,10 @@ proxy_on_body(void *arg, const char *data, size_t len)
 	if (len == 0)
 		return;
 	exchange_first_byte(rq->rq_ex, 0);
+	if (rq->rq_holding) {
+		proxy_hold_body(rq, data, len);
+		return;
+	}
 	if (rq->rq_chunked) {
 		n = snprintf(sz, sizeof(sz), "%zx\r\n", len);
 		http_out_append(o, sz, (size_t)n);
@@ -345,6 +384,55 @@ proxy_on_body(void *arg, const char *data, size_t len)
 	}
 }
 
+/* A held body grows; past --max-payload-size the attempt fails (502). */
+static void
+proxy_hold_body(struct req *rq, const char *data, size_t len)
+{
+	size_t cap;
+	char *nb;
+
+	if ((uint64_t)rq->rq_hlen + len > fe->fe_cf->cf_max_payload_size) {
+		proxy_drop_held(rq);
+		exchange_next(rq->rq_ex, 0, EXCHANGE_TOO_LARGE, 0, NULL);
+		return;
+	}
+	if (rq->rq_hlen + len > rq->rq_hcap) {
+		cap = rq->rq_hcap < 16384 ? 16384 : rq->rq_hcap;
+		while (cap < rq->rq_hlen + len)
+			cap *= 2;
+		if ((nb = realloc(rq->rq_hbody, cap)) == NULL) {
+			proxy_drop_held(rq);
+			exchange_next(rq->rq_ex, 0, EXCHANGE_NO_MEMORY, 0,
+			    NULL);
+			return;
+		}
+		rq->rq_hbody = nb;
+		rq->rq_hcap = cap;
+	}
+	memcpy(rq->rq_hbody + rq->rq_hlen, data, len);
+	rq->rq_hlen += len;
+}
+
+/* The whole response is here: head (with its real length) and body. */
+static void
+proxy_relay_held(struct req *rq)
+{
+	struct exchange *ex = rq->rq_ex;
+	struct conn *c = rq->rq_conn;
+	char clen[24];
+	size_t n;
+
+	n = hdr_set_length(rq->rq_hh, rq->rq_nhh, clen, sizeof(clen),
+	    rq->rq_hlen);
+	conn_relay_head(c, rq->rq_status, rq->rq_hh, n, true, false, false,
+	    rq->rq_id, ex->ex_fixed ? NULL : ex->ex_legs[0].xl_d.dc_url);
+	ex->ex_relayed = true;
+	if (rq->rq_hlen > 0)
+		http_out_append(conn_out(c), rq->rq_hbody, rq->rq_hlen);
+	exchange_finish(ex, rq->rq_status, true);
+	conn_request_done(c);
+}
+
 static void
 proxy_on_done(void *arg, enum upstream_error err)
 {
@@ -353,6 +441,15 @@ proxy_on_done(void *arg, enum upstream_error err)
 	struct conn *c = rq->rq_conn;
 
 	ex->ex_legs[0].xl_up = NULL; /* the upstream request is over */
+	if (rq->rq_holding) {
+		if (err != UPSTREAM_OK) {
+			proxy_drop_held(rq);
+			exchange_next(ex, 0, exchange_failure_of(err), 0, NULL);
+			return;
+		}
+		proxy_relay_held(rq);
+		return;
+	}
 	if (ex->ex_relayed) {
 		exchange_finish(ex, rq->rq_status, err == UPSTREAM_OK);
 		if (err == UPSTREAM_OK) {
