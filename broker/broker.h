@@ -102,6 +102,22 @@ struct broker_settings {
 	uint32_t bs_ll_max_waiting_requests;
 };
 
+/* ---------------------------------------------------------- stats.c */
+
+/*
+ * Metric helpers on the broker's row of the shm metrics registry; they
+ * call nothing else of the broker. stats_series registers (or finds) a
+ * series of kind (enum metrics_kind) and returns its index, or -1 when
+ * the table is full or the labels too long; stats_add and stats_set skip
+ * a series of -1.
+ */
+int stats_series(struct broker *br, int kind, const char *family,
+    const char *labels_fmt, ...) __attribute__((format(printf, 4, 5)));
+void stats_add(struct broker *br, int series, int64_t delta);
+void stats_set(struct broker *br, int series, int64_t value);
+/* Copies s into a Prometheus label value (escaping \ " and newline). */
+void stats_label_escape(char *out, size_t len, const char *s);
+
 /* ---------------------------------------------------------- breaker.c */
 
 enum breaker_outcome {
@@ -776,12 +792,5 @@ void server_free(struct broker *br);
 uint8_t *server_frontend(struct broker *br, const uint8_t *msg, size_t len,
     size_t *reply_len);
 void server_poller(struct broker *br, const uint8_t *msg, size_t len);
-/* Metric helpers that skip series the table had no room for. */
-int server_series(struct broker *br, int kind, const char *family,
-    const char *labels_fmt, ...) __attribute__((format(printf, 4, 5)));
-void server_metric_add(struct broker *br, int series, int64_t delta);
-void server_metric_set(struct broker *br, int series, int64_t value);
-/* Copies s into a Prometheus label value (escaping \ " and newline). */
-void server_label_escape(char *out, size_t len, const char *s);
 
 #endif /* BROKER_BROKER_H */

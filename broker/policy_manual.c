@@ -163,10 +163,9 @@ manual_select(struct policy *p, struct worker *const *c, unsigned n,
 	}
 	sticky_count_branch(br, b);
 	if (mn->mn_m_entries == -2)
-		mn->mn_m_entries = server_series(br, METRICS_GAUGE,
+		mn->mn_m_entries = stats_series(br, METRICS_GAUGE,
 		    "smg_manual_policy_cache_entries", "%s", "");
-	server_metric_set(br, mn->mn_m_entries,
-	    (int64_t)sticky_map_size(mn->mn_map));
+	stats_set(br, mn->mn_m_entries, (int64_t)sticky_map_size(mn->mn_map));
 	if (br->br_debug)
 		log_debug("%s: manual key %s branch %s worker %s", __func__,
 		    b == STICKY_NO_ROUTING_ID ? "-" : key,
@@ -208,6 +207,6 @@ manual_sweep(struct policy *p, uint64_t now_ms)
 	if (n > 0)
 		log_info("%s: evicted %zu idle keys", __func__, n);
 	if (mn->mn_m_entries >= 0)
-		server_metric_set(p->pl_br, mn->mn_m_entries,
+		stats_set(p->pl_br, mn->mn_m_entries,
 		    (int64_t)sticky_map_size(mn->mn_map));
 }

@@ -264,7 +264,7 @@ registry_model_free(struct broker *br, struct model_entry *me)
 		}
 	}
 	if (me->me_m_overloaded >= 0)
-		server_metric_set(br, me->me_m_overloaded, 0);
+		stats_set(br, me->me_m_overloaded, 0);
 	policy_free(me->me_policy);
 	free(me->me_workers);
 	free(me->me_name);
@@ -402,12 +402,12 @@ registry_add(struct broker *br, const struct worker_spec *ws, bool persist,
 	br->br_order[br->br_nworkers++] = w;
 	ev_init(&w->wk_drain, registry_drain_cb);
 	w->wk_drain.data = br;
-	server_label_escape(u, sizeof(u), w->wk_url);
-	w->wk_m_health = server_series(br, METRICS_GAUGE, "smg_worker_health",
+	stats_label_escape(u, sizeof(u), w->wk_url);
+	w->wk_m_health = stats_series(br, METRICS_GAUGE, "smg_worker_health",
 	    "worker=\"%s\"", u);
-	w->wk_m_active = server_series(br, METRICS_GAUGE,
+	w->wk_m_active = stats_series(br, METRICS_GAUGE,
 	    "smg_worker_requests_active", "worker=\"%s\"", u);
-	server_metric_set(br, w->wk_m_health, w->wk_status == SHM_WORKER_READY);
+	stats_set(br, w->wk_m_health, w->wk_status == SHM_WORKER_READY);
 	breaker_metrics_init(br, w);
 	registry_index(br, w);
 	registry_publish(br, w);
@@ -457,8 +457,8 @@ registry_remove(struct broker *br, struct worker *w)
 	shm_worker_clear(br->br_shm, w->wk_slot);
 	if (w->wk_persist)
 		store_del(br->br_store, w->wk_url);
-	server_metric_set(br, w->wk_m_health, 0);
-	server_metric_set(br, w->wk_m_active, 0);
+	stats_set(br, w->wk_m_health, 0);
+	stats_set(br, w->wk_m_active, 0);
 	registry_worker_free(w);
 	registry_update_pool_metrics(br);
 }
@@ -521,7 +521,7 @@ registry_set_status(struct broker *br, struct worker *w,
 	log_info("%s: worker %s %s -> %s", __func__, w->wk_url,
 	    registry_status_name(w->wk_status), registry_status_name(st));
 	w->wk_status = st;
-	server_metric_set(br, w->wk_m_health, st == SHM_WORKER_READY);
+	stats_set(br, w->wk_m_health, st == SHM_WORKER_READY);
 	registry_publish(br, w);
 }
 
@@ -534,11 +534,11 @@ registry_overload_count(struct broker *br, struct model_entry *me, int delta)
 	if (me->me_overloaded < 0)
 		me->me_overloaded = 0;
 	if (me->me_m_overloaded == -2) {
-		server_label_escape(m, sizeof(m), me->me_name);
-		me->me_m_overloaded = server_series(br, METRICS_GAUGE,
+		stats_label_escape(m, sizeof(m), me->me_name);
+		me->me_m_overloaded = stats_series(br, METRICS_GAUGE,
 		    "smg_workers_overloaded", "model=\"%s\"", m);
 	}
-	server_metric_set(br, me->me_m_overloaded, me->me_overloaded);
+	stats_set(br, me->me_m_overloaded, me->me_overloaded);
 }
 
 void
@@ -671,7 +671,7 @@ registry_update_pool_metrics(struct broker *br)
 
 	/* Registry changes are rare: recount every group from scratch. */
 	for (i = 0; i < br->br_npool_series; i++)
-		server_metric_set(br, br->br_pool_series[i], 0);
+		stats_set(br, br->br_pool_series[i], 0);
 	for (i = 0; i < br->br_nmodels; i++) {
 		struct model_entry *me = br->br_models[i];
 		int64_t n[BROKER_NTYPES][BROKER_NMODES];
@@ -684,19 +684,19 @@ registry_update_pool_metrics(struct broker *br)
 			if (t < BROKER_NTYPES && md < BROKER_NMODES)
 				n[t][md]++;
 		}
-		server_label_escape(m, sizeof(m), me->me_name);
+		stats_label_escape(m, sizeof(m), me->me_name);
 		for (t = 0; t < BROKER_NTYPES; t++) {
 			for (md = 0; md < BROKER_NMODES; md++) {
 				if (n[t][md] == 0)
 					continue;
-				s = server_series(br, METRICS_GAUGE,
+				s = stats_series(br, METRICS_GAUGE,
 				    "smg_worker_pool_size",
 				    "worker_type=\"%s\",connection_mode=\"%s\","
 				    "model=\"%s\"",
 				    registry_type_name((int)t),
 				    registry_mode_name((int)md), m);
 				registry_pool_track(br, s);
-				server_metric_set(br, s, n[t][md]);
+				stats_set(br, s, n[t][md]);
 			}
 		}
 	}

@@ -702,10 +702,10 @@ sticky_count_branch(struct broker *br, enum sticky_branch b)
 	if (ss == NULL || b >= STICKY_NBRANCHES)
 		return;
 	if (ss->ss_branch[b] == -2)
-		ss->ss_branch[b] = server_series(br, METRICS_COUNTER,
+		ss->ss_branch[b] = stats_series(br, METRICS_COUNTER,
 		    "smg_manual_policy_branch_total", "branch=\"%s\"",
 		    sticky_branch_name(b));
-	server_metric_add(br, ss->ss_branch[b], 1);
+	stats_add(br, ss->ss_branch[b], 1);
 }
 
 void
@@ -717,10 +717,10 @@ sticky_count_source(struct broker *br, const char *source)
 	if (ss == NULL)
 		return;
 	if (ss->ss_source[i] == -2)
-		ss->ss_source[i] = server_series(br, METRICS_COUNTER,
+		ss->ss_source[i] = stats_series(br, METRICS_COUNTER,
 		    "smg_routing_key_source_total", "source=\"%s\"",
 		    i == 0 ? "rid" : "header");
-	server_metric_add(br, ss->ss_source[i], 1);
+	stats_add(br, ss->ss_source[i], 1);
 }
 
 /* ------------------------------------------------------------ lifecycle */
