@@ -17,6 +17,12 @@ static void breaker_enter(struct breaker *b, enum shm_breaker_state to,
     uint64_t now_ms);
 static void breaker_publish(struct broker *br, struct worker *w,
     enum shm_breaker_state from, int changed);
+static void breaker_metrics_init(struct broker *br, struct worker *w);
+static void breaker_worker_new(struct broker *br, struct worker *w);
+
+const struct registry_observer breaker_registry_observer = {
+	.ro_worker_new = breaker_worker_new,
+};
 
 enum breaker_outcome
 breaker_classify(uint32_t http_status, bool transport_error)
@@ -138,7 +144,15 @@ breaker_state_name(enum shm_breaker_state s)
 	return "unknown";
 }
 
-void
+static void
+breaker_worker_new(struct broker *br, struct worker *w)
+{
+	breaker_init(&w->wk_cb);
+	breaker_metrics_init(br, w);
+}
+
+/* Registers the per-worker breaker series. */
+static void
 breaker_metrics_init(struct broker *br, struct worker *w)
 {
 	char u[SHM_URL_MAX * 2];

@@ -164,8 +164,11 @@ const char *breaker_state_name(enum shm_breaker_state s);
 void breaker_record(struct broker *br, struct worker *w,
     enum breaker_outcome o);
 bool breaker_routable(struct broker *br, struct worker *w);
-/* Registers the per-worker breaker series (on worker creation). */
-void breaker_metrics_init(struct broker *br, struct worker *w);
+/*
+ * Registry observer (server_new registers it): a new worker starts
+ * Closed, with its smg_worker_cb_* series registered.
+ */
+extern const struct registry_observer breaker_registry_observer;
 
 /* ---------------------------------------------------------- registry.c */
 
@@ -238,6 +241,41 @@ struct model_entry {
 	int me_m_overloaded;
 	int64_t me_overloaded;
 };
+
+/*
+ * What other parts of the broker learn of the registry's changes, without
+ * the registry knowing them (policies, the KV index, the breaker). Each
+ * member is optional; observers run in the order they were registered.
+ * All run on the loop, with w and me still valid and indexed as stated.
+ */
+struct registry_observer {
+	/* w is created and has its slot, not yet indexed nor published:
+	 * initialise w's own per-worker state. */
+	void (*ro_worker_new)(struct broker *br, struct worker *w);
+	/* me is a new model entry and `first` its first worker. */
+	void (*ro_model_new)(struct broker *br, struct model_entry *me,
+	    const struct worker *first);
+	/* me lost its last worker (or the broker stops): me is about to be
+	 * freed. */
+	void (*ro_model_gone)(struct broker *br, struct model_entry *me);
+	/* w is indexed under its model and published: after its creation
+	 * and again after a model change. */
+	void (*ro_worker_added)(struct broker *br, struct worker *w);
+	/* w left its model (wk_me NULL, wk_model still the old name) for
+	 * another; ro_worker_added follows under the new one. */
+	void (*ro_worker_moved)(struct broker *br, struct worker *w);
+	/* w is about to be unindexed and freed. */
+	void (*ro_worker_removed)(struct broker *br, struct worker *w);
+};
+
+#define REGISTRY_MAX_OBSERVERS 8
+
+/*
+ * Adds an observer (startup, before the first registry_add); ro is
+ * borrowed and must outlive the broker. Fatal beyond
+ * REGISTRY_MAX_OBSERVERS.
+ */
+void registry_observe(struct broker *br, const struct registry_observer *ro);
 
 /* Fields a new worker is created with. Strings are copied. */
 struct worker_spec {
@@ -386,6 +424,12 @@ struct policy *policy_for(struct broker *br, struct model_entry *me, int leg);
 void policy_decide_model(struct broker *br, struct model_entry *me,
     const struct worker *first);
 /* Hooks fanned out to every live instance. */
+/*
+ * Registry observer (server_new registers it): decides a new model's
+ * instance (policy_decide_model), frees it with the model's last worker,
+ * and passes worker additions and removals to the live instances.
+ */
+extern const struct registry_observer policy_registry_observer;
 void policy_notify_add(struct broker *br, struct worker *w);
 void policy_notify_remove(struct broker *br, struct worker *w);
 void policy_notify_report(struct broker *br, struct worker *w);
@@ -750,6 +794,8 @@ struct broker {
 	unsigned br_nmodels;
 	struct shm_worker *br_adopt; /* startup snapshot, NULL after */
 	bool *br_adopted;
+	const struct registry_observer *br_observers[REGISTRY_MAX_OBSERVERS];
+	unsigned br_nobservers;
 	int *br_pool_series; /* smg_worker_pool_size series set */
 	unsigned br_npool_series;
 	unsigned br_cpool_series;

@@ -17,7 +17,6 @@
 #include "shared/xmalloc.h"
 
 #include "broker.h"
-#include "kvindex.h"
 
 static struct worker *registry_find_url(struct broker *br, const char *url);
 static int registry_pick_slot(struct broker *br, const char *url,
@@ -30,6 +29,65 @@ static void registry_worker_free(struct worker *w);
 static void registry_pool_track(struct broker *br, int series);
 static void registry_overload_count(struct broker *br, struct model_entry *me,
     int delta);
+
+/* The observer calls, one per member of struct registry_observer. */
+enum registry_event {
+	REGISTRY_WORKER_NEW = 0,
+	REGISTRY_MODEL_NEW,
+	REGISTRY_MODEL_GONE,
+	REGISTRY_WORKER_ADDED,
+	REGISTRY_WORKER_MOVED,
+	REGISTRY_WORKER_REMOVED,
+};
+
+static void registry_tell(struct broker *br, enum registry_event ev,
+    struct worker *w, struct model_entry *me);
+
+void
+registry_observe(struct broker *br, const struct registry_observer *ro)
+{
+	if (br->br_nobservers == REGISTRY_MAX_OBSERVERS)
+		fatalx("%s: too many registry observers", __func__);
+	br->br_observers[br->br_nobservers++] = ro;
+}
+
+static void
+registry_tell(struct broker *br, enum registry_event ev, struct worker *w,
+    struct model_entry *me)
+{
+	const struct registry_observer *ro;
+	unsigned i;
+
+	for (i = 0; i < br->br_nobservers; i++) {
+		ro = br->br_observers[i];
+		switch (ev) {
+		case REGISTRY_WORKER_NEW:
+			if (ro->ro_worker_new != NULL)
+				ro->ro_worker_new(br, w);
+			break;
+		case REGISTRY_MODEL_NEW:
+			if (ro->ro_model_new != NULL)
+				ro->ro_model_new(br, me, w);
+			break;
+		case REGISTRY_MODEL_GONE:
+			if (ro->ro_model_gone != NULL)
+				ro->ro_model_gone(br, me);
+			break;
+		case REGISTRY_WORKER_ADDED:
+			if (ro->ro_worker_added != NULL)
+				ro->ro_worker_added(br, w);
+			break;
+		case REGISTRY_WORKER_MOVED:
+			if (ro->ro_worker_moved != NULL)
+				ro->ro_worker_moved(br, w);
+			break;
+		case REGISTRY_WORKER_REMOVED:
+			if (ro->ro_worker_removed != NULL)
+				ro->ro_worker_removed(br, w);
+			break;
+		}
+	}
+}
 
 int
 registry_normalize_url(const char *url, char *buf, size_t len, char *err,
@@ -265,7 +323,7 @@ registry_model_free(struct broker *br, struct model_entry *me)
 	}
 	if (me->me_m_overloaded >= 0)
 		stats_set(br, me->me_m_overloaded, 0);
-	policy_free(me->me_policy);
+	registry_tell(br, REGISTRY_MODEL_GONE, NULL, me);
 	free(me->me_workers);
 	free(me->me_name);
 	free(me);
@@ -292,7 +350,7 @@ registry_index(struct broker *br, struct worker *w)
 	me->me_n++;
 	w->wk_me = me;
 	if (me->me_n == 1)
-		policy_decide_model(br, me, w);
+		registry_tell(br, REGISTRY_MODEL_NEW, w, me);
 	if (w->wk_overloaded)
 		registry_overload_count(br, me, 1);
 }
@@ -370,7 +428,6 @@ registry_add(struct broker *br, const struct worker_spec *ws, bool persist,
 	    ws->ws_health_disabled || br->br_set->bs_disable_health_check;
 	w->wk_status =
 	    w->wk_health_disabled ? SHM_WORKER_READY : SHM_WORKER_PENDING;
-	breaker_init(&w->wk_cb);
 	w->wk_ov_waiting = ws->ws_ov_waiting > 0
 	    ? ws->ws_ov_waiting
 	    : br->br_set->bs_overload_waiting;
@@ -408,11 +465,11 @@ registry_add(struct broker *br, const struct worker_spec *ws, bool persist,
 	w->wk_m_active = stats_series(br, METRICS_GAUGE,
 	    "smg_worker_requests_active", "worker=\"%s\"", u);
 	stats_set(br, w->wk_m_health, w->wk_status == SHM_WORKER_READY);
-	breaker_metrics_init(br, w);
+	registry_tell(br, REGISTRY_WORKER_NEW, w, NULL);
 	registry_index(br, w);
 	registry_publish(br, w);
 	registry_persist(br, w);
-	policy_notify_add(br, w);
+	registry_tell(br, REGISTRY_WORKER_ADDED, w, NULL);
 	registry_update_pool_metrics(br);
 	log_info("%s: worker %s id %s %s/%s model %s slot %u%s: %s", __func__,
 	    w->wk_url, w->wk_id, registry_type_name(w->wk_type),
@@ -442,8 +499,7 @@ registry_remove(struct broker *br, struct worker *w)
 	log_info("%s: worker %s removed (slot %u)", __func__, w->wk_url,
 	    w->wk_slot);
 	ev_timer_stop(br->br_loop, &w->wk_drain);
-	policy_notify_remove(br, w);
-	kvindex_worker_removed(br, w);
+	registry_tell(br, REGISTRY_WORKER_REMOVED, w, NULL);
 	registry_unindex(br, w);
 	for (i = 0; i < br->br_nworkers; i++) {
 		if (br->br_order[i] == w) {
@@ -499,14 +555,11 @@ registry_set_model(struct broker *br, struct worker *w, const char *model)
 	log_info("%s: worker %s model %s -> %s", __func__, w->wk_url,
 	    w->wk_model, model);
 	registry_unindex(br, w);
-	/* Its KV blocks were indexed under the old model. */
-	kvindex_worker_removed(br, w);
+	registry_tell(br, REGISTRY_WORKER_MOVED, w, NULL);
 	free(w->wk_model);
 	w->wk_model = xstrdup(model);
 	registry_index(br, w);
-	/* Rings and trees of the new model learn the worker; its state
-	 * under the old model is left to be skipped (never a candidate). */
-	policy_notify_add(br, w);
+	registry_tell(br, REGISTRY_WORKER_ADDED, w, NULL);
 	registry_publish(br, w);
 	registry_persist(br, w);
 	registry_update_pool_metrics(br);
@@ -722,5 +775,4 @@ registry_free_all(struct broker *br)
 	free(br->br_pool_series);
 	br->br_pool_series = NULL;
 	br->br_npool_series = br->br_cpool_series = 0;
-	kvindex_broker_free(br);
 }

@@ -16,6 +16,7 @@
 #include "shared/xmalloc.h"
 
 #include "broker.h"
+#include "kvindex.h"
 
 struct server_rec {
 	char *sr_key;
@@ -225,6 +226,10 @@ server_new(struct ev_loop *loop, const struct broker_settings *bs, bool serve)
 	}
 	if ((br->br_store = store_open(bs->bs_state_dir)) == NULL)
 		goto fail;
+	/* Who hears of registry changes, in this order. */
+	registry_observe(br, &breaker_registry_observer);
+	registry_observe(br, &policy_registry_observer);
+	registry_observe(br, &kvindex_registry_observer);
 	policy_attach(br);
 	sticky_init(br);
 	persist_init(br);
@@ -314,6 +319,7 @@ server_free(struct broker *br)
 	store_close(br->br_store);
 	br->br_store = NULL;
 	registry_free_all(br);
+	kvindex_broker_free(br);
 	policy_free(br->br_default);
 	for (i = 0; i < 4; i++)
 		policy_free(br->br_legs[i]);
