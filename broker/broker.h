@@ -382,6 +382,17 @@ struct policy_ops {
 	void *(*po_create)(struct policy *p);
 	/* Optional: housekeeping from the broker tick (eviction sweeps). */
 	void (*po_sweep)(struct policy *p, uint64_t now_ms);
+	/*
+	 * Optional restore hooks, called by persist_restore for the records
+	 * this instance wrote: an assignment (persist_assign_put under
+	 * "manual/<instance>"): key, its URLs in stored order, last access;
+	 * a journaled tree insert (persist_tree_insert) of worker w, keylen
+	 * in bytes (kind 0) or tokens (kind 1).
+	 */
+	void (*po_restore_assign)(struct policy *p, const char *key,
+	    const char *const *urls, unsigned nurls, uint64_t last_ms);
+	void (*po_replay)(struct policy *p, const char *model, int kind,
+	    struct worker *w, const void *key, size_t keylen);
 };
 
 struct policy {
@@ -562,6 +573,12 @@ void sticky_pin_append(struct sticky_pin *p, const char *url);
 typedef void (*sticky_evict_cb)(void *arg, const char *key);
 size_t sticky_map_evict(struct sticky_map *m, uint64_t now_ms,
     uint64_t max_idle_ms, sticky_evict_cb cb, void *arg);
+/*
+ * A persisted entry back into m: created when absent, the URLs appended
+ * in order, last access (and as last persisted) set to last_ms.
+ */
+void sticky_map_restore(struct sticky_map *m, const char *key,
+    const char *const *urls, unsigned nurls, uint64_t last_ms);
 /* Calls cb for every entry (tests, persistence). */
 typedef void (
     *sticky_each_cb)(void *arg, const char *key, struct sticky_pin *p);
@@ -635,7 +652,10 @@ void sticky_sweep(struct broker *br, uint64_t now_ms);
  *   under twice the trees' budgets by dropping its oldest records.
  *   Replaying it in order into capped trees rebuilds what they held.
  * persist_restore runs once at startup, after the workers and policies
- * exist; records of unknown workers or instances are skipped.
+ * exist; records of unknown workers or instances are skipped. Records go
+ * back through restore hooks: an instance's through its policy_ops
+ * (po_restore_assign, po_replay), a broker-wide owner's through the hook
+ * it registered with persist_assign_owner.
  */
 void persist_init(struct broker *br);
 void persist_free(struct broker *br);
@@ -646,6 +666,17 @@ const char *persist_scope(struct broker *br, const struct policy *p, char *buf,
 void persist_assign_put(struct broker *br, const char *scope, const char *key,
     const struct sticky_pin *pin);
 void persist_assign_del(struct broker *br, const char *scope, const char *key);
+/*
+ * Restore hook of a broker-wide owner of assignments (not a policy
+ * instance): persist_restore calls cb for each record stored under
+ * exactly `scope` (borrowed, must outlive the broker). Call after
+ * persist_init, before persist_restore; fatal beyond PERSIST_MAX_OWNERS.
+ */
+#define PERSIST_MAX_OWNERS 4
+typedef void (*persist_assign_restore_cb)(struct broker *br, const char *key,
+    const char *const *urls, unsigned nurls, uint64_t last_ms);
+void persist_assign_owner(struct broker *br, const char *scope,
+    persist_assign_restore_cb cb);
 /* kind: 0 string tree (key = UTF-8 bytes), 1 token tree (u32 ids). */
 void persist_tree_insert(struct broker *br, const struct policy *p,
     const char *model, int kind, const char *url, const void *key,
@@ -655,11 +686,9 @@ void persist_tree_budget(struct broker *br, uint64_t units);
 /* Journal records written and replayed (tests, logs). */
 uint64_t persist_journal_records(const struct broker *br);
 
-/*
- * Restore hooks of the policies that persist (called by persist_restore):
- * a manual instance's map, the cache_aware trees.
- */
+/* A manual instance's assignment map (tests). */
 struct sticky_map *policy_manual_map(struct policy *p);
+/* cache_aware's po_replay: one journaled insert back into its trees. */
 void policy_cache_aware_replay(struct policy *p, const char *model, int kind,
     struct worker *w, const void *key, size_t keylen);
 

@@ -161,6 +161,7 @@ const struct policy_ops policy_cache_aware_ops = {
 	.po_on_remove = ca_on_remove,
 	.po_on_report = ca_on_report,
 	.po_sweep = ca_sweep,
+	.po_replay = policy_cache_aware_replay,
 };
 
 /* ------------------------------------------------------------ lifecycle */

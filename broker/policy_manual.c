@@ -37,6 +37,8 @@ static int manual_pick(struct broker *br, struct manual *mn,
 static void manual_save(struct broker *br, struct manual *mn, const char *key,
     struct sticky_pin *pin);
 static void manual_evicted(void *arg, const char *key);
+static void manual_restore(struct policy *p, const char *key,
+    const char *const *urls, unsigned nurls, uint64_t last_ms);
 
 const struct policy_ops policy_manual_ops = {
 	.po_name = "manual",
@@ -44,6 +46,7 @@ const struct policy_ops policy_manual_ops = {
 	.po_free = manual_free,
 	.po_select = manual_select,
 	.po_sweep = manual_sweep,
+	.po_restore_assign = manual_restore,
 };
 
 static void *
@@ -84,6 +87,14 @@ struct sticky_map *
 policy_manual_map(struct policy *p)
 {
 	return ((struct manual *)p->pl_state)->mn_map;
+}
+
+/* persist_restore's hook for the records of manual_save. */
+static void
+manual_restore(struct policy *p, const char *key, const char *const *urls,
+    unsigned nurls, uint64_t last_ms)
+{
+	sticky_map_restore(policy_manual_map(p), key, urls, nurls, last_ms);
 }
 
 /* §7.3; delegate has nothing to delegate to here: min_load. */

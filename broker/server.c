@@ -231,8 +231,9 @@ server_new(struct ev_loop *loop, const struct broker_settings *bs, bool serve)
 	registry_observe(br, &policy_registry_observer);
 	registry_observe(br, &kvindex_registry_observer);
 	policy_attach(br);
-	sticky_init(br);
+	/* persist first: sticky registers its restore hook there. */
 	persist_init(br);
+	sticky_init(br);
 	if (server_policies(br) == -1)
 		goto fail;
 	br->br_m_shed_selection = stats_series(br, METRICS_COUNTER,
