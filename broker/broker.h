@@ -629,7 +629,7 @@ int sticky_select(struct broker *br, struct policy *p, struct worker *const *c,
 void sticky_count_branch(struct broker *br, enum sticky_branch b);
 /* smg_routing_key_source_total{source}; source "rid" or "header". */
 void sticky_count_source(struct broker *br, const char *source);
-/* The broker-wide sticky map (persistence, tests). */
+/* The broker-wide sticky map (tests). */
 struct sticky_map *sticky_global_map(struct broker *br);
 /* CLOCK_REALTIME milliseconds: the clock of sp_last_ms. */
 uint64_t sticky_wall_ms(void);
