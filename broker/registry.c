@@ -2,7 +2,9 @@
  * registry.c: the broker's workers. Owns every struct worker, the global
  * registration-order list, the per-model ordered indexes and the shm slot
  * of each worker; every change is mirrored into the shm worker table at
- * once and, for API-added workers, queued for the store.
+ * once and, for API-added workers, queued for the store. What others
+ * keep per worker or per model (breaker, policies, KV index) follows
+ * through the registry observers; the registry calls none of them.
  */
 #include <inttypes.h>
 #include <stdio.h>
