@@ -17,6 +17,12 @@ static void breaker_enter(struct breaker *b, enum shm_breaker_state to,
     uint64_t now_ms);
 static void breaker_publish(struct broker *br, struct worker *w,
     enum shm_breaker_state from, int changed);
+static void breaker_metrics_init(struct broker *br, struct worker *w);
+static void breaker_worker_new(struct broker *br, struct worker *w);
+
+const struct registry_observer breaker_registry_observer = {
+	.ro_worker_new = breaker_worker_new,
+};
 
 enum breaker_outcome
 breaker_classify(uint32_t http_status, bool transport_error)
@@ -138,23 +144,31 @@ breaker_state_name(enum shm_breaker_state s)
 	return "unknown";
 }
 
-void
+static void
+breaker_worker_new(struct broker *br, struct worker *w)
+{
+	breaker_init(&w->wk_cb);
+	breaker_metrics_init(br, w);
+}
+
+/* Registers the per-worker breaker series. */
+static void
 breaker_metrics_init(struct broker *br, struct worker *w)
 {
 	char u[SHM_URL_MAX * 2];
 
-	server_label_escape(u, sizeof(u), w->wk_url);
-	w->wk_m_cb_state = server_series(br, METRICS_GAUGE,
+	stats_label_escape(u, sizeof(u), w->wk_url);
+	w->wk_m_cb_state = stats_series(br, METRICS_GAUGE,
 	    "smg_worker_cb_state", "worker=\"%s\"", u);
-	w->wk_m_cb_fail = server_series(br, METRICS_GAUGE,
+	w->wk_m_cb_fail = stats_series(br, METRICS_GAUGE,
 	    "smg_worker_cb_consecutive_failures", "worker=\"%s\"", u);
-	w->wk_m_cb_succ = server_series(br, METRICS_GAUGE,
+	w->wk_m_cb_succ = stats_series(br, METRICS_GAUGE,
 	    "smg_worker_cb_consecutive_successes", "worker=\"%s\"", u);
 	w->wk_m_cb_out_ok =
-	    server_series(br, METRICS_COUNTER, "smg_worker_cb_outcomes_total",
+	    stats_series(br, METRICS_COUNTER, "smg_worker_cb_outcomes_total",
 	        "worker=\"%s\",outcome=\"success\"", u);
 	w->wk_m_cb_out_fail =
-	    server_series(br, METRICS_COUNTER, "smg_worker_cb_outcomes_total",
+	    stats_series(br, METRICS_COUNTER, "smg_worker_cb_outcomes_total",
 	        "worker=\"%s\",outcome=\"failure\"", u);
 	breaker_publish(br, w, w->wk_cb.cb_state, 0);
 }
@@ -166,18 +180,17 @@ breaker_publish(struct broker *br, struct worker *w,
 	char u[SHM_URL_MAX * 2];
 	int s;
 
-	server_metric_set(br, w->wk_m_cb_state, (int64_t)w->wk_cb.cb_state);
-	server_metric_set(br, w->wk_m_cb_fail, w->wk_cb.cb_failures);
-	server_metric_set(br, w->wk_m_cb_succ, w->wk_cb.cb_successes);
+	stats_set(br, w->wk_m_cb_state, (int64_t)w->wk_cb.cb_state);
+	stats_set(br, w->wk_m_cb_fail, w->wk_cb.cb_failures);
+	stats_set(br, w->wk_m_cb_succ, w->wk_cb.cb_successes);
 	if (!changed)
 		return;
 	/* Transitions are rare: register their series when they happen. */
-	server_label_escape(u, sizeof(u), w->wk_url);
-	s = server_series(br, METRICS_COUNTER,
-	    "smg_worker_cb_transitions_total",
+	stats_label_escape(u, sizeof(u), w->wk_url);
+	s = stats_series(br, METRICS_COUNTER, "smg_worker_cb_transitions_total",
 	    "worker=\"%s\",from=\"%s\",to=\"%s\"", u, breaker_state_name(from),
 	    breaker_state_name(w->wk_cb.cb_state));
-	server_metric_add(br, s, 1);
+	stats_add(br, s, 1);
 	log_info("%s: worker %s breaker %s -> %s", __func__, w->wk_url,
 	    breaker_state_name(from), breaker_state_name(w->wk_cb.cb_state));
 	registry_publish(br, w);
@@ -192,9 +205,9 @@ breaker_record(struct broker *br, struct worker *w, enum breaker_outcome o)
 	changed =
 	    breaker_step(&w->wk_cb, &br->br_cbconf, o, shm_now_ms(), &from);
 	if (o == BREAKER_SUCCESS)
-		server_metric_add(br, w->wk_m_cb_out_ok, 1);
+		stats_add(br, w->wk_m_cb_out_ok, 1);
 	else if (o == BREAKER_FAILURE)
-		server_metric_add(br, w->wk_m_cb_out_fail, 1);
+		stats_add(br, w->wk_m_cb_out_fail, 1);
 	breaker_publish(br, w, from, changed);
 }
 

@@ -103,6 +103,22 @@ struct broker_settings {
 	uint32_t bs_ll_max_waiting_requests;
 };
 
+/* ---------------------------------------------------------- stats.c */
+
+/*
+ * Metric helpers on the broker's row of the shm metrics registry; they
+ * call nothing else of the broker. stats_series registers (or finds) a
+ * series of kind (enum metrics_kind) and returns its index, or -1 when
+ * the table is full or the labels too long; stats_add and stats_set skip
+ * a series of -1.
+ */
+int stats_series(struct broker *br, int kind, const char *family,
+    const char *labels_fmt, ...) __attribute__((format(printf, 4, 5)));
+void stats_add(struct broker *br, int series, int64_t delta);
+void stats_set(struct broker *br, int series, int64_t value);
+/* Copies s into a Prometheus label value (escaping \ " and newline). */
+void stats_label_escape(char *out, size_t len, const char *s);
+
 /* ---------------------------------------------------------- breaker.c */
 
 enum breaker_outcome {
@@ -149,8 +165,11 @@ const char *breaker_state_name(enum shm_breaker_state s);
 void breaker_record(struct broker *br, struct worker *w,
     enum breaker_outcome o);
 bool breaker_routable(struct broker *br, struct worker *w);
-/* Registers the per-worker breaker series (on worker creation). */
-void breaker_metrics_init(struct broker *br, struct worker *w);
+/*
+ * Registry observer (server_new registers it): a new worker starts
+ * Closed, with its smg_worker_cb_* series registered.
+ */
+extern const struct registry_observer breaker_registry_observer;
 
 /* ---------------------------------------------------------- registry.c */
 
@@ -228,6 +247,41 @@ struct model_entry {
 	/* median learned prefill rate of its workers, 0 none (live.c) */
 	double me_rate_prior;
 };
+
+/*
+ * What other parts of the broker learn of the registry's changes, without
+ * the registry knowing them (policies, the KV index, the breaker). Each
+ * member is optional; observers run in the order they were registered.
+ * All run on the loop, with w and me still valid and indexed as stated.
+ */
+struct registry_observer {
+	/* w is created and has its slot, not yet indexed nor published:
+	 * initialise w's own per-worker state. */
+	void (*ro_worker_new)(struct broker *br, struct worker *w);
+	/* me is a new model entry and `first` its first worker. */
+	void (*ro_model_new)(struct broker *br, struct model_entry *me,
+	    const struct worker *first);
+	/* me lost its last worker (or the broker stops): me is about to be
+	 * freed. */
+	void (*ro_model_gone)(struct broker *br, struct model_entry *me);
+	/* w is indexed under its model and published: after its creation
+	 * and again after a model change. */
+	void (*ro_worker_added)(struct broker *br, struct worker *w);
+	/* w left its model (wk_me NULL, wk_model still the old name) for
+	 * another; ro_worker_added follows under the new one. */
+	void (*ro_worker_moved)(struct broker *br, struct worker *w);
+	/* w is about to be unindexed and freed. */
+	void (*ro_worker_removed)(struct broker *br, struct worker *w);
+};
+
+#define REGISTRY_MAX_OBSERVERS 8
+
+/*
+ * Adds an observer (startup, before the first registry_add); ro is
+ * borrowed and must outlive the broker. Fatal beyond
+ * REGISTRY_MAX_OBSERVERS.
+ */
+void registry_observe(struct broker *br, const struct registry_observer *ro);
 
 /* Fields a new worker is created with. Strings are copied. */
 struct worker_spec {
@@ -334,6 +388,17 @@ struct policy_ops {
 	void *(*po_create)(struct policy *p);
 	/* Optional: housekeeping from the broker tick (eviction sweeps). */
 	void (*po_sweep)(struct policy *p, uint64_t now_ms);
+	/*
+	 * Optional restore hooks, called by persist_restore for the records
+	 * this instance wrote: an assignment (persist_assign_put under
+	 * "manual/<instance>"): key, its URLs in stored order, last access;
+	 * a journaled tree insert (persist_tree_insert) of worker w, keylen
+	 * in bytes (kind 0) or tokens (kind 1).
+	 */
+	void (*po_restore_assign)(struct policy *p, const char *key,
+	    const char *const *urls, unsigned nurls, uint64_t last_ms);
+	void (*po_replay)(struct policy *p, const char *model, int kind,
+	    struct worker *w, const void *key, size_t keylen);
 };
 
 struct policy {
@@ -376,6 +441,12 @@ struct policy *policy_for(struct broker *br, struct model_entry *me, int leg);
 void policy_decide_model(struct broker *br, struct model_entry *me,
     const struct worker *first);
 /* Hooks fanned out to every live instance. */
+/*
+ * Registry observer (server_new registers it): decides a new model's
+ * instance (policy_decide_model), frees it with the model's last worker,
+ * and passes worker additions and removals to the live instances.
+ */
+extern const struct registry_observer policy_registry_observer;
 void policy_notify_add(struct broker *br, struct worker *w);
 void policy_notify_remove(struct broker *br, struct worker *w);
 void policy_notify_report(struct broker *br, struct worker *w);
@@ -508,6 +579,12 @@ void sticky_pin_append(struct sticky_pin *p, const char *url);
 typedef void (*sticky_evict_cb)(void *arg, const char *key);
 size_t sticky_map_evict(struct sticky_map *m, uint64_t now_ms,
     uint64_t max_idle_ms, sticky_evict_cb cb, void *arg);
+/*
+ * A persisted entry back into m: created when absent, the URLs appended
+ * in order, last access (and as last persisted) set to last_ms.
+ */
+void sticky_map_restore(struct sticky_map *m, const char *key,
+    const char *const *urls, unsigned nurls, uint64_t last_ms);
 /* Calls cb for every entry (tests, persistence). */
 typedef void (
     *sticky_each_cb)(void *arg, const char *key, struct sticky_pin *p);
@@ -558,7 +635,7 @@ int sticky_select(struct broker *br, struct policy *p, struct worker *const *c,
 void sticky_count_branch(struct broker *br, enum sticky_branch b);
 /* smg_routing_key_source_total{source}; source "rid" or "header". */
 void sticky_count_source(struct broker *br, const char *source);
-/* The broker-wide sticky map (persistence, tests). */
+/* The broker-wide sticky map (tests). */
 struct sticky_map *sticky_global_map(struct broker *br);
 /* CLOCK_REALTIME milliseconds: the clock of sp_last_ms. */
 uint64_t sticky_wall_ms(void);
@@ -581,7 +658,10 @@ void sticky_sweep(struct broker *br, uint64_t now_ms);
  *   under twice the trees' budgets by dropping its oldest records.
  *   Replaying it in order into capped trees rebuilds what they held.
  * persist_restore runs once at startup, after the workers and policies
- * exist; records of unknown workers or instances are skipped.
+ * exist; records of unknown workers or instances are skipped. Records go
+ * back through restore hooks: an instance's through its policy_ops
+ * (po_restore_assign, po_replay), a broker-wide owner's through the hook
+ * it registered with persist_assign_owner.
  */
 void persist_init(struct broker *br);
 void persist_free(struct broker *br);
@@ -592,6 +672,17 @@ const char *persist_scope(struct broker *br, const struct policy *p, char *buf,
 void persist_assign_put(struct broker *br, const char *scope, const char *key,
     const struct sticky_pin *pin);
 void persist_assign_del(struct broker *br, const char *scope, const char *key);
+/*
+ * Restore hook of a broker-wide owner of assignments (not a policy
+ * instance): persist_restore calls cb for each record stored under
+ * exactly `scope` (borrowed, must outlive the broker). Call after
+ * persist_init, before persist_restore; fatal beyond PERSIST_MAX_OWNERS.
+ */
+#define PERSIST_MAX_OWNERS 4
+typedef void (*persist_assign_restore_cb)(struct broker *br, const char *key,
+    const char *const *urls, unsigned nurls, uint64_t last_ms);
+void persist_assign_owner(struct broker *br, const char *scope,
+    persist_assign_restore_cb cb);
 /* kind: 0 string tree (key = UTF-8 bytes), 1 token tree (u32 ids). */
 void persist_tree_insert(struct broker *br, const struct policy *p,
     const char *model, int kind, const char *url, const void *key,
@@ -601,11 +692,9 @@ void persist_tree_budget(struct broker *br, uint64_t units);
 /* Journal records written and replayed (tests, logs). */
 uint64_t persist_journal_records(const struct broker *br);
 
-/*
- * Restore hooks of the policies that persist (called by persist_restore):
- * a manual instance's map, the cache_aware trees.
- */
+/* A manual instance's assignment map (tests). */
 struct sticky_map *policy_manual_map(struct policy *p);
+/* cache_aware's po_replay: one journaled insert back into its trees. */
 void policy_cache_aware_replay(struct policy *p, const char *model, int kind,
     struct worker *w, const void *key, size_t keylen);
 
@@ -731,8 +820,8 @@ double live_rate(const struct worker *w);
 void live_outcome(struct broker *br, struct worker *w, const Smg__Outcome *o);
 void live_tick(struct broker *br);
 /* Registers w's gauges (registry_add) and zeroes them (removal). */
-void live_metrics_init(struct broker *br, struct worker *w);
-void live_metrics_clear(struct broker *br, struct worker *w);
+/* Registers and zeroes each worker's live gauges. */
+extern const struct registry_observer live_registry_observer;
 
 /* ---------------------------------------------------------- admin.c */
 
@@ -779,6 +868,8 @@ struct broker {
 	unsigned br_nmodels;
 	struct shm_worker *br_adopt; /* startup snapshot, NULL after */
 	bool *br_adopted;
+	const struct registry_observer *br_observers[REGISTRY_MAX_OBSERVERS];
+	unsigned br_nobservers;
 	int *br_pool_series; /* smg_worker_pool_size series set */
 	unsigned br_npool_series;
 	unsigned br_cpool_series;
@@ -824,12 +915,5 @@ void server_free(struct broker *br);
 uint8_t *server_frontend(struct broker *br, const uint8_t *msg, size_t len,
     size_t *reply_len);
 void server_poller(struct broker *br, const uint8_t *msg, size_t len);
-/* Metric helpers that skip series the table had no room for. */
-int server_series(struct broker *br, int kind, const char *family,
-    const char *labels_fmt, ...) __attribute__((format(printf, 4, 5)));
-void server_metric_add(struct broker *br, int series, int64_t delta);
-void server_metric_set(struct broker *br, int series, int64_t value);
-/* Copies s into a Prometheus label value (escaping \ " and newline). */
-void server_label_escape(char *out, size_t len, const char *s);
 
 #endif /* BROKER_BROKER_H */

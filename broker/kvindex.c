@@ -865,6 +865,11 @@ kvindex_worker_removed(struct broker *br, struct worker *w)
 		kvindex_forget_worker(g->kg_kx, w->wk_slot);
 }
 
+const struct registry_observer kvindex_registry_observer = {
+	.ro_worker_moved = kvindex_worker_removed,
+	.ro_worker_removed = kvindex_worker_removed,
+};
+
 bool
 kvindex_active(struct broker *br, const char *model)
 {

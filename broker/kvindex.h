@@ -87,7 +87,7 @@ size_t kvindex_prune(struct kvindex *kx, uint64_t now_ms);
  * The index of br; created on first use with the bounds last given to
  * kvindex_broker_bounds (unbounded by default), with a libev timer on
  * br's loop that prunes every KVINDEX_PRUNE_MS. Freed by
- * kvindex_broker_free (registry_free_all calls it).
+ * kvindex_broker_free (server_free calls it).
  */
 struct kvindex *kvindex_of(struct broker *br);
 void kvindex_broker_bounds(struct broker *br, uint64_t ttl_secs,
@@ -97,6 +97,13 @@ void kvindex_broker_free(struct broker *br);
 void kvindex_handle(struct broker *br, const Smg__KvEventBatch *b);
 /* A worker left the registry: its blocks go. */
 void kvindex_worker_removed(struct broker *br, struct worker *w);
+/*
+ * Registry observer (server_new registers it): a removed worker, or one
+ * that moved to another model (its blocks were indexed under the old
+ * one), is forgotten by kvindex_worker_removed.
+ */
+struct registry_observer;
+extern const struct registry_observer kvindex_registry_observer;
 /* Whether event mode applies to the model: its index holds >= 1 block. */
 bool kvindex_active(struct broker *br, const char *model);
 /*

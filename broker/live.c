@@ -98,33 +98,40 @@ live_tick(struct broker *br)
 	free(v);
 	for (i = 0; i < br->br_nworkers; i++) {
 		w = br->br_order[i];
-		server_metric_set(br, w->wk_m_pending,
+		stats_set(br, w->wk_m_pending,
 		    (int64_t)live_pending(br, w));
-		server_metric_set(br, w->wk_m_rate,
+		stats_set(br, w->wk_m_rate,
 		    rate_known(&w->wk_rate)
 		        ? (int64_t)(rate_get(&w->wk_rate, 0) + 0.5)
 		        : 0);
 	}
 }
 
-void
+static void
 live_metrics_init(struct broker *br, struct worker *w)
 {
 	char u[SHM_URL_MAX * 2];
 
 	rate_init(&w->wk_rate);
-	server_label_escape(u, sizeof(u), w->wk_url);
-	w->wk_m_pending = server_series(br, METRICS_GAUGE,
+	stats_label_escape(u, sizeof(u), w->wk_url);
+	w->wk_m_pending = stats_series(br, METRICS_GAUGE,
 	    "smg_worker_outstanding_prefill_tokens", "worker=\"%s\"", u);
-	w->wk_m_rate = server_series(br, METRICS_GAUGE,
+	w->wk_m_rate = stats_series(br, METRICS_GAUGE,
 	    "smg_worker_prefill_rate_tokens_per_second", "worker=\"%s\"", u);
-	server_metric_set(br, w->wk_m_pending, (int64_t)live_pending(br, w));
-	server_metric_set(br, w->wk_m_rate, 0);
+	stats_set(br, w->wk_m_pending, (int64_t)live_pending(br, w));
+	stats_set(br, w->wk_m_rate, 0);
 }
 
-void
+static void
 live_metrics_clear(struct broker *br, struct worker *w)
 {
-	server_metric_set(br, w->wk_m_pending, 0);
-	server_metric_set(br, w->wk_m_rate, 0);
+	stats_set(br, w->wk_m_pending, 0);
+	stats_set(br, w->wk_m_rate, 0);
 }
+
+/* The live gauges follow the registry: created with a worker, zeroed
+ * when it goes. */
+const struct registry_observer live_registry_observer = {
+	.ro_worker_new = live_metrics_init,
+	.ro_worker_removed = live_metrics_clear,
+};

@@ -88,6 +88,10 @@ struct persist {
 	size_t pe_nchunks;
 	unsigned char *pe_buf; /* record being built or key being rebuilt */
 	size_t pe_bufcap;
+	/* broker-wide assignment owners (persist_assign_owner) */
+	const char *pe_owner_scope[PERSIST_MAX_OWNERS];
+	persist_assign_restore_cb pe_owner_cb[PERSIST_MAX_OWNERS];
+	unsigned pe_nowners;
 };
 
 struct persist_restore_ctx;
@@ -160,6 +164,18 @@ persist_free(struct broker *br)
 	free(pe->pe_fifo);
 	free(pe);
 	br->br_persist = NULL;
+}
+
+void
+persist_assign_owner(struct broker *br, const char *scope,
+    persist_assign_restore_cb cb)
+{
+	struct persist *pe = br->br_persist;
+
+	if (pe->pe_nowners == PERSIST_MAX_OWNERS)
+		fatalx("%s: too many assignment owners", __func__);
+	pe->pe_owner_scope[pe->pe_nowners] = scope;
+	pe->pe_owner_cb[pe->pe_nowners++] = cb;
 }
 
 uint64_t
@@ -647,12 +663,11 @@ persist_journal_cb(void *arg, const void *key, size_t klen, const void *val,
 	free(chunks);
 	p = persist_policy(br, scope);
 	w = registry_find(br, url);
-	if (p == NULL || w == NULL ||
-	    strcmp(policy_name(p), "cache_aware") != 0) {
+	if (p == NULL || w == NULL || p->pl_ops->po_replay == NULL) {
 		rc->rc_skipped++;
 		return 0;
 	}
-	policy_cache_aware_replay(p, model, v[1], w, kb,
+	p->pl_ops->po_replay(p, model, v[1], w, kb,
 	    v[1] == 1 ? keylen / 4 : keylen);
 	rc->rc_replayed++;
 	return 0;
@@ -737,10 +752,12 @@ persist_assign_cb(void *arg, const void *key, size_t klen, const void *val,
 	struct broker *br = rc->rc_br;
 	const char *k = key, *nul;
 	char scope[SHM_MODEL_MAX + 32], name[STICKY_KEY_MAX + 1];
-	struct sticky_map *m = NULL;
-	struct sticky_pin *pin;
-	struct policy *p;
+	struct persist *pe = br->br_persist;
+	persist_assign_restore_cb owner = NULL;
+	struct policy *p = NULL;
 	const cJSON *urls, *u, *last;
+	const char **v;
+	unsigned i, n;
 	cJSON *j;
 	size_t ls;
 
@@ -754,28 +771,35 @@ persist_assign_cb(void *arg, const void *key, size_t klen, const void *val,
 	scope[ls] = '\0';
 	memcpy(name, nul + 1, klen - ls - 1);
 	name[klen - ls - 1] = '\0';
-	if (strcmp(scope, "sticky") == 0)
-		m = sticky_global_map(br);
-	else if (strncmp(scope, "manual/", 7) == 0 &&
-	    (p = persist_policy(br, scope + 7)) != NULL &&
-	    strcmp(policy_name(p), "manual") == 0)
-		m = policy_manual_map(p);
-	if (m == NULL)
+	for (i = 0; i < pe->pe_nowners && owner == NULL; i++)
+		if (strcmp(scope, pe->pe_owner_scope[i]) == 0)
+			owner = pe->pe_owner_cb[i];
+	if (owner == NULL &&
+	    (strncmp(scope, "manual/", 7) != 0 ||
+	        (p = persist_policy(br, scope + 7)) == NULL ||
+	        p->pl_ops->po_restore_assign == NULL))
 		return 0;
 	if ((j = cJSON_ParseWithLength(val, vlen)) == NULL)
 		return 0;
 	urls = cJSON_GetObjectItemCaseSensitive(j, "urls");
 	last = cJSON_GetObjectItemCaseSensitive(j, "last");
 	if (cJSON_IsArray(urls) && cJSON_GetArraySize(urls) > 0) {
-		pin = sticky_map_add(m, name);
+		v = xcalloc((size_t)cJSON_GetArraySize(urls), sizeof(*v));
+		n = 0;
 		cJSON_ArrayForEach(u, urls)
 		{
 			if (cJSON_IsString(u) && u->valuestring != NULL)
-				sticky_pin_append(pin, u->valuestring);
+				v[n++] = u->valuestring;
 		}
-		pin->sp_last_ms =
-		    cJSON_IsNumber(last) ? (uint64_t)last->valuedouble : 0;
-		pin->sp_saved_ms = pin->sp_last_ms;
+		if (owner != NULL)
+			owner(br, name, v, n,
+			    cJSON_IsNumber(last) ? (uint64_t)last->valuedouble
+			                         : 0);
+		else
+			p->pl_ops->po_restore_assign(p, name, v, n,
+			    cJSON_IsNumber(last) ? (uint64_t)last->valuedouble
+			                         : 0);
+		free(v);
 		rc->rc_assign++;
 	}
 	cJSON_Delete(j);

@@ -222,6 +222,27 @@ policy_notify(struct broker *br, struct worker *w, int what)
 	}
 }
 
+/* The model's own instance goes with its last worker (§13). */
+static void
+policy_model_gone(struct broker *br, struct model_entry *me)
+{
+	(void)br;
+	policy_free(me->me_policy);
+	me->me_policy = NULL;
+}
+
+/*
+ * A worker that moved to another model is only added again: rings and
+ * trees of the new model learn it; its state under the old model is left
+ * to be skipped (never a candidate there).
+ */
+const struct registry_observer policy_registry_observer = {
+	.ro_model_new = policy_decide_model,
+	.ro_model_gone = policy_model_gone,
+	.ro_worker_added = policy_notify_add,
+	.ro_worker_removed = policy_notify_remove,
+};
+
 void
 policy_notify_add(struct broker *br, struct worker *w)
 {

@@ -173,6 +173,7 @@ const struct policy_ops policy_cache_aware_ops = {
 	.po_on_remove = ca_on_remove,
 	.po_on_report = ca_on_report,
 	.po_sweep = ca_sweep,
+	.po_replay = policy_cache_aware_replay,
 };
 
 /* ------------------------------------------------------------ lifecycle */
@@ -430,10 +431,10 @@ ca_count(struct cache_aware *ca, enum ca_branch b)
 	if (br == NULL || b >= CA_NBRANCHES)
 		return;
 	if (ca->ca_m_branch[b] == -2)
-		ca->ca_m_branch[b] = server_series(br, METRICS_COUNTER,
+		ca->ca_m_branch[b] = stats_series(br, METRICS_COUNTER,
 		    "smg_cache_aware_policy_branch_total", "branch=\"%s\"",
 		    ca_branch_name(b));
-	server_metric_add(br, ca->ca_m_branch[b], 1);
+	stats_add(br, ca->ca_m_branch[b], 1);
 }
 
 static void
@@ -444,31 +445,29 @@ ca_gauges(struct cache_aware *ca, struct ca_model *cm)
 
 	if (br == NULL)
 		return;
-	server_label_escape(m, sizeof(m), cm->cm_name);
+	stats_label_escape(m, sizeof(m), cm->cm_name);
 	if (ca->ca_hash) {
 		if (cm->cm_m_place == -2)
-			cm->cm_m_place = server_series(br, METRICS_GAUGE,
+			cm->cm_m_place = stats_series(br, METRICS_GAUGE,
 			    "smg_cache_placement_entries", "model=\"%s\"", m);
-		server_metric_set(br, cm->cm_m_place, (int64_t)cm->cm_place_n);
+		stats_set(br, cm->cm_m_place, (int64_t)cm->cm_place_n);
 		return;
 	}
 	if (cm->cm_m_chars == -2) {
-		cm->cm_m_chars = server_series(br, METRICS_GAUGE,
+		cm->cm_m_chars = stats_series(br, METRICS_GAUGE,
 		    "smg_cache_tree_chars", "model=\"%s\"", m);
-		cm->cm_m_tokens = server_series(br, METRICS_GAUGE,
+		cm->cm_m_tokens = stats_series(br, METRICS_GAUGE,
 		    "smg_cache_tree_tokens", "model=\"%s\"", m);
 		cm->cm_m_ten_str =
-		    server_series(br, METRICS_GAUGE, "smg_cache_tree_tenants",
+		    stats_series(br, METRICS_GAUGE, "smg_cache_tree_tenants",
 		        "model=\"%s\",tree=\"string\"", m);
-		cm->cm_m_ten_tok = server_series(br, METRICS_GAUGE,
+		cm->cm_m_ten_tok = stats_series(br, METRICS_GAUGE,
 		    "smg_cache_tree_tenants", "model=\"%s\",tree=\"token\"", m);
 	}
-	server_metric_set(br, cm->cm_m_chars, (int64_t)tree_size(cm->cm_str));
-	server_metric_set(br, cm->cm_m_tokens, (int64_t)tree_size(cm->cm_tok));
-	server_metric_set(br, cm->cm_m_ten_str,
-	    (int64_t)tree_tenants(cm->cm_str));
-	server_metric_set(br, cm->cm_m_ten_tok,
-	    (int64_t)tree_tenants(cm->cm_tok));
+	stats_set(br, cm->cm_m_chars, (int64_t)tree_size(cm->cm_str));
+	stats_set(br, cm->cm_m_tokens, (int64_t)tree_size(cm->cm_tok));
+	stats_set(br, cm->cm_m_ten_str, (int64_t)tree_tenants(cm->cm_str));
+	stats_set(br, cm->cm_m_ten_tok, (int64_t)tree_tenants(cm->cm_tok));
 }
 
 /* ------------------------------------------------------------ helpers */

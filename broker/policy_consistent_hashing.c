@@ -107,11 +107,11 @@ chash_select(struct policy *p, struct worker *const *c, unsigned n,
 	if ((unsigned)pick.rcp_branch < CH_NBRANCHES) {
 		if (ch->ch_m_branch[pick.rcp_branch] == -2)
 			ch->ch_m_branch[pick.rcp_branch] =
-			    server_series(br, METRICS_COUNTER,
+			    stats_series(br, METRICS_COUNTER,
 			        "smg_consistent_hashing_policy_branch_total",
 			        "branch=\"%s\"",
 			        ring_ch_branch_name(pick.rcp_branch));
-		server_metric_add(br, ch->ch_m_branch[pick.rcp_branch], 1);
+		stats_add(br, ch->ch_m_branch[pick.rcp_branch], 1);
 	}
 	if (br->br_debug)
 		log_debug("%s: branch %s key %s -> %s", __func__,

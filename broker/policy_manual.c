@@ -37,6 +37,8 @@ static int manual_pick(struct broker *br, struct manual *mn,
 static void manual_save(struct broker *br, struct manual *mn, const char *key,
     struct sticky_pin *pin);
 static void manual_evicted(void *arg, const char *key);
+static void manual_restore(struct policy *p, const char *key,
+    const char *const *urls, unsigned nurls, uint64_t last_ms);
 
 const struct policy_ops policy_manual_ops = {
 	.po_name = "manual",
@@ -44,6 +46,7 @@ const struct policy_ops policy_manual_ops = {
 	.po_free = manual_free,
 	.po_select = manual_select,
 	.po_sweep = manual_sweep,
+	.po_restore_assign = manual_restore,
 };
 
 static void *
@@ -84,6 +87,14 @@ struct sticky_map *
 policy_manual_map(struct policy *p)
 {
 	return ((struct manual *)p->pl_state)->mn_map;
+}
+
+/* persist_restore's hook for the records of manual_save. */
+static void
+manual_restore(struct policy *p, const char *key, const char *const *urls,
+    unsigned nurls, uint64_t last_ms)
+{
+	sticky_map_restore(policy_manual_map(p), key, urls, nurls, last_ms);
 }
 
 /* §7.3; delegate has nothing to delegate to here: min_load. */
@@ -163,10 +174,9 @@ manual_select(struct policy *p, struct worker *const *c, unsigned n,
 	}
 	sticky_count_branch(br, b);
 	if (mn->mn_m_entries == -2)
-		mn->mn_m_entries = server_series(br, METRICS_GAUGE,
+		mn->mn_m_entries = stats_series(br, METRICS_GAUGE,
 		    "smg_manual_policy_cache_entries", "%s", "");
-	server_metric_set(br, mn->mn_m_entries,
-	    (int64_t)sticky_map_size(mn->mn_map));
+	stats_set(br, mn->mn_m_entries, (int64_t)sticky_map_size(mn->mn_map));
 	if (br->br_debug)
 		log_debug("%s: manual key %s branch %s worker %s", __func__,
 		    b == STICKY_NO_ROUTING_ID ? "-" : key,
@@ -208,6 +218,6 @@ manual_sweep(struct policy *p, uint64_t now_ms)
 	if (n > 0)
 		log_info("%s: evicted %zu idle keys", __func__, n);
 	if (mn->mn_m_entries >= 0)
-		server_metric_set(p->pl_br, mn->mn_m_entries,
+		stats_set(p->pl_br, mn->mn_m_entries,
 		    (int64_t)sticky_map_size(mn->mn_map));
 }

@@ -135,11 +135,11 @@ phash_select(struct policy *p, struct worker *const *c, unsigned n,
 	if ((unsigned)pick.rpp_branch < PH_NBRANCHES) {
 		if (ph->ph_m_branch[pick.rpp_branch] == -2)
 			ph->ph_m_branch[pick.rpp_branch] =
-			    server_series(br, METRICS_COUNTER,
+			    stats_series(br, METRICS_COUNTER,
 			        "smg_prefix_hash_policy_branch_total",
 			        "branch=\"%s\"",
 			        ring_prefix_branch_name(pick.rpp_branch));
-		server_metric_add(br, ph->ph_m_branch[pick.rpp_branch], 1);
+		stats_add(br, ph->ph_m_branch[pick.rpp_branch], 1);
 	}
 	if (br->br_debug)
 		log_debug("%s: prefix_hash level %d (%s, depth %llu) branch "

@@ -2,7 +2,9 @@
  * registry.c: the broker's workers. Owns every struct worker, the global
  * registration-order list, the per-model ordered indexes and the shm slot
  * of each worker; every change is mirrored into the shm worker table at
- * once and, for API-added workers, queued for the store.
+ * once and, for API-added workers, queued for the store. What others
+ * keep per worker or per model (breaker, policies, KV index) follows
+ * through the registry observers; the registry calls none of them.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -17,7 +19,6 @@
 #include "shared/xmalloc.h"
 
 #include "broker.h"
-#include "kvindex.h"
 
 static struct worker *registry_find_url(struct broker *br, const char *url);
 static int registry_pick_slot(struct broker *br, const char *url,
@@ -30,6 +31,65 @@ static void registry_worker_free(struct worker *w);
 static void registry_pool_track(struct broker *br, int series);
 static void registry_overload_count(struct broker *br, struct model_entry *me,
     int delta);
+
+/* The observer calls, one per member of struct registry_observer. */
+enum registry_event {
+	REGISTRY_WORKER_NEW = 0,
+	REGISTRY_MODEL_NEW,
+	REGISTRY_MODEL_GONE,
+	REGISTRY_WORKER_ADDED,
+	REGISTRY_WORKER_MOVED,
+	REGISTRY_WORKER_REMOVED,
+};
+
+static void registry_tell(struct broker *br, enum registry_event ev,
+    struct worker *w, struct model_entry *me);
+
+void
+registry_observe(struct broker *br, const struct registry_observer *ro)
+{
+	if (br->br_nobservers == REGISTRY_MAX_OBSERVERS)
+		fatalx("%s: too many registry observers", __func__);
+	br->br_observers[br->br_nobservers++] = ro;
+}
+
+static void
+registry_tell(struct broker *br, enum registry_event ev, struct worker *w,
+    struct model_entry *me)
+{
+	const struct registry_observer *ro;
+	unsigned i;
+
+	for (i = 0; i < br->br_nobservers; i++) {
+		ro = br->br_observers[i];
+		switch (ev) {
+		case REGISTRY_WORKER_NEW:
+			if (ro->ro_worker_new != NULL)
+				ro->ro_worker_new(br, w);
+			break;
+		case REGISTRY_MODEL_NEW:
+			if (ro->ro_model_new != NULL)
+				ro->ro_model_new(br, me, w);
+			break;
+		case REGISTRY_MODEL_GONE:
+			if (ro->ro_model_gone != NULL)
+				ro->ro_model_gone(br, me);
+			break;
+		case REGISTRY_WORKER_ADDED:
+			if (ro->ro_worker_added != NULL)
+				ro->ro_worker_added(br, w);
+			break;
+		case REGISTRY_WORKER_MOVED:
+			if (ro->ro_worker_moved != NULL)
+				ro->ro_worker_moved(br, w);
+			break;
+		case REGISTRY_WORKER_REMOVED:
+			if (ro->ro_worker_removed != NULL)
+				ro->ro_worker_removed(br, w);
+			break;
+		}
+	}
+}
 
 int
 registry_normalize_url(const char *url, char *buf, size_t len, char *err,
@@ -264,8 +324,8 @@ registry_model_free(struct broker *br, struct model_entry *me)
 		}
 	}
 	if (me->me_m_overloaded >= 0)
-		server_metric_set(br, me->me_m_overloaded, 0);
-	policy_free(me->me_policy);
+		stats_set(br, me->me_m_overloaded, 0);
+	registry_tell(br, REGISTRY_MODEL_GONE, NULL, me);
 	free(me->me_workers);
 	free(me->me_name);
 	free(me);
@@ -292,7 +352,7 @@ registry_index(struct broker *br, struct worker *w)
 	me->me_n++;
 	w->wk_me = me;
 	if (me->me_n == 1)
-		policy_decide_model(br, me, w);
+		registry_tell(br, REGISTRY_MODEL_NEW, w, me);
 	if (w->wk_overloaded)
 		registry_overload_count(br, me, 1);
 }
@@ -370,7 +430,6 @@ registry_add(struct broker *br, const struct worker_spec *ws, bool persist,
 	    ws->ws_health_disabled || br->br_set->bs_disable_health_check;
 	w->wk_status =
 	    w->wk_health_disabled ? SHM_WORKER_READY : SHM_WORKER_PENDING;
-	breaker_init(&w->wk_cb);
 	w->wk_ov_waiting = ws->ws_ov_waiting > 0
 	    ? ws->ws_ov_waiting
 	    : br->br_set->bs_overload_waiting;
@@ -402,18 +461,17 @@ registry_add(struct broker *br, const struct worker_spec *ws, bool persist,
 	br->br_order[br->br_nworkers++] = w;
 	ev_init(&w->wk_drain, registry_drain_cb);
 	w->wk_drain.data = br;
-	server_label_escape(u, sizeof(u), w->wk_url);
-	w->wk_m_health = server_series(br, METRICS_GAUGE, "smg_worker_health",
+	stats_label_escape(u, sizeof(u), w->wk_url);
+	w->wk_m_health = stats_series(br, METRICS_GAUGE, "smg_worker_health",
 	    "worker=\"%s\"", u);
-	w->wk_m_active = server_series(br, METRICS_GAUGE,
+	w->wk_m_active = stats_series(br, METRICS_GAUGE,
 	    "smg_worker_requests_active", "worker=\"%s\"", u);
-	live_metrics_init(br, w);
-	server_metric_set(br, w->wk_m_health, w->wk_status == SHM_WORKER_READY);
-	breaker_metrics_init(br, w);
+	stats_set(br, w->wk_m_health, w->wk_status == SHM_WORKER_READY);
+	registry_tell(br, REGISTRY_WORKER_NEW, w, NULL);
 	registry_index(br, w);
 	registry_publish(br, w);
 	registry_persist(br, w);
-	policy_notify_add(br, w);
+	registry_tell(br, REGISTRY_WORKER_ADDED, w, NULL);
 	registry_update_pool_metrics(br);
 	log_info("%s: worker %s id %s %s/%s model %s slot %u%s: %s", __func__,
 	    w->wk_url, w->wk_id, registry_type_name(w->wk_type),
@@ -443,8 +501,7 @@ registry_remove(struct broker *br, struct worker *w)
 	log_info("%s: worker %s removed (slot %u)", __func__, w->wk_url,
 	    w->wk_slot);
 	ev_timer_stop(br->br_loop, &w->wk_drain);
-	policy_notify_remove(br, w);
-	kvindex_worker_removed(br, w);
+	registry_tell(br, REGISTRY_WORKER_REMOVED, w, NULL);
 	registry_unindex(br, w);
 	for (i = 0; i < br->br_nworkers; i++) {
 		if (br->br_order[i] == w) {
@@ -458,9 +515,8 @@ registry_remove(struct broker *br, struct worker *w)
 	shm_worker_clear(br->br_shm, w->wk_slot);
 	if (w->wk_persist)
 		store_del(br->br_store, w->wk_url);
-	server_metric_set(br, w->wk_m_health, 0);
-	server_metric_set(br, w->wk_m_active, 0);
-	live_metrics_clear(br, w);
+	stats_set(br, w->wk_m_health, 0);
+	stats_set(br, w->wk_m_active, 0);
 	registry_worker_free(w);
 	registry_update_pool_metrics(br);
 }
@@ -501,14 +557,11 @@ registry_set_model(struct broker *br, struct worker *w, const char *model)
 	log_info("%s: worker %s model %s -> %s", __func__, w->wk_url,
 	    w->wk_model, model);
 	registry_unindex(br, w);
-	/* Its KV blocks were indexed under the old model. */
-	kvindex_worker_removed(br, w);
+	registry_tell(br, REGISTRY_WORKER_MOVED, w, NULL);
 	free(w->wk_model);
 	w->wk_model = xstrdup(model);
 	registry_index(br, w);
-	/* Rings and trees of the new model learn the worker; its state
-	 * under the old model is left to be skipped (never a candidate). */
-	policy_notify_add(br, w);
+	registry_tell(br, REGISTRY_WORKER_ADDED, w, NULL);
 	registry_publish(br, w);
 	registry_persist(br, w);
 	registry_update_pool_metrics(br);
@@ -523,7 +576,7 @@ registry_set_status(struct broker *br, struct worker *w,
 	log_info("%s: worker %s %s -> %s", __func__, w->wk_url,
 	    registry_status_name(w->wk_status), registry_status_name(st));
 	w->wk_status = st;
-	server_metric_set(br, w->wk_m_health, st == SHM_WORKER_READY);
+	stats_set(br, w->wk_m_health, st == SHM_WORKER_READY);
 	registry_publish(br, w);
 }
 
@@ -536,11 +589,11 @@ registry_overload_count(struct broker *br, struct model_entry *me, int delta)
 	if (me->me_overloaded < 0)
 		me->me_overloaded = 0;
 	if (me->me_m_overloaded == -2) {
-		server_label_escape(m, sizeof(m), me->me_name);
-		me->me_m_overloaded = server_series(br, METRICS_GAUGE,
+		stats_label_escape(m, sizeof(m), me->me_name);
+		me->me_m_overloaded = stats_series(br, METRICS_GAUGE,
 		    "smg_workers_overloaded", "model=\"%s\"", m);
 	}
-	server_metric_set(br, me->me_m_overloaded, me->me_overloaded);
+	stats_set(br, me->me_m_overloaded, me->me_overloaded);
 }
 
 void
@@ -673,7 +726,7 @@ registry_update_pool_metrics(struct broker *br)
 
 	/* Registry changes are rare: recount every group from scratch. */
 	for (i = 0; i < br->br_npool_series; i++)
-		server_metric_set(br, br->br_pool_series[i], 0);
+		stats_set(br, br->br_pool_series[i], 0);
 	for (i = 0; i < br->br_nmodels; i++) {
 		struct model_entry *me = br->br_models[i];
 		int64_t n[BROKER_NTYPES][BROKER_NMODES];
@@ -686,19 +739,19 @@ registry_update_pool_metrics(struct broker *br)
 			if (t < BROKER_NTYPES && md < BROKER_NMODES)
 				n[t][md]++;
 		}
-		server_label_escape(m, sizeof(m), me->me_name);
+		stats_label_escape(m, sizeof(m), me->me_name);
 		for (t = 0; t < BROKER_NTYPES; t++) {
 			for (md = 0; md < BROKER_NMODES; md++) {
 				if (n[t][md] == 0)
 					continue;
-				s = server_series(br, METRICS_GAUGE,
+				s = stats_series(br, METRICS_GAUGE,
 				    "smg_worker_pool_size",
 				    "worker_type=\"%s\",connection_mode=\"%s\","
 				    "model=\"%s\"",
 				    registry_type_name((int)t),
 				    registry_mode_name((int)md), m);
 				registry_pool_track(br, s);
-				server_metric_set(br, s, n[t][md]);
+				stats_set(br, s, n[t][md]);
 			}
 		}
 	}
@@ -724,5 +777,4 @@ registry_free_all(struct broker *br)
 	free(br->br_pool_series);
 	br->br_pool_series = NULL;
 	br->br_npool_series = br->br_cpool_series = 0;
-	kvindex_broker_free(br);
 }

@@ -96,7 +96,7 @@ reports_health(struct broker *br, const Smg__HealthReport *h)
 	    w->wk_status == SHM_WORKER_DRAINING || w->wk_health_disabled)
 		return;
 	t = (unsigned)w->wk_type < BROKER_NTYPES ? (unsigned)w->wk_type : 0;
-	server_metric_add(br,
+	stats_add(br,
 	    h->passed ? br->br_m_health_ok[t] : br->br_m_health_fail[t], 1);
 	if (h->passed) {
 		w->wk_health_fails = 0;

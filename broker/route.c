@@ -104,8 +104,8 @@ route_count(struct broker *br, struct worker *w, struct policy *p)
 	if (me == NULL || t >= BROKER_NTYPES || md >= BROKER_NMODES)
 		return;
 	if (me->me_sel_series[t][md] == -2 || me->me_sel_policy[t][md] != p) {
-		server_label_escape(m, sizeof(m), me->me_name);
-		me->me_sel_series[t][md] = server_series(br, METRICS_COUNTER,
+		stats_label_escape(m, sizeof(m), me->me_name);
+		me->me_sel_series[t][md] = stats_series(br, METRICS_COUNTER,
 		    "smg_worker_selection_total",
 		    "worker_type=\"%s\",connection_mode=\"%s\",model=\"%s\","
 		    "policy=\"%s\"",
@@ -113,7 +113,7 @@ route_count(struct broker *br, struct worker *w, struct policy *p)
 		    registry_mode_name(w->wk_mode), m, policy_name(p));
 		me->me_sel_policy[t][md] = p;
 	}
-	server_metric_add(br, me->me_sel_series[t][md], 1);
+	stats_add(br, me->me_sel_series[t][md], 1);
 }
 
 /* Per-key in-flight (+1 now, -1 by the outcome) and the key source. */
@@ -159,7 +159,7 @@ route_one(struct broker *br, const Smg__RouteRequest *req, Smg__Decision *d,
 	}
 	n = avail_filter(br, c, n, &over);
 	if (over) {
-		server_metric_add(br, br->br_m_shed_selection, 1);
+		stats_add(br, br->br_m_shed_selection, 1);
 		route_error(d, 503, "no_available_workers",
 		    "All workers are overloaded");
 		d->terminal = true;

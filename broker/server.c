@@ -5,7 +5,6 @@
  * turn, and orderly shutdown on SIGTERM/SIGINT.
  */
 #include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +16,7 @@
 #include "shared/xmalloc.h"
 
 #include "broker.h"
+#include "kvindex.h"
 
 struct server_rec {
 	char *sr_key;
@@ -42,57 +42,6 @@ static void server_collect_cb(void *arg, const char *key, const char *value);
 static int server_rec_cmp(const void *a, const void *b);
 static void server_restore(struct broker *br, struct server_rec *rec);
 static int server_policies(struct broker *br);
-
-void
-server_label_escape(char *out, size_t len, const char *s)
-{
-	size_t o = 0;
-
-	if (len == 0)
-		return;
-	for (; *s != '\0' && o + 2 < len; s++) {
-		if (*s == '\\' || *s == '"') {
-			out[o++] = '\\';
-			out[o++] = *s;
-		} else if (*s == '\n') {
-			out[o++] = '\\';
-			out[o++] = 'n';
-		} else
-			out[o++] = *s;
-	}
-	out[o] = '\0';
-}
-
-int
-server_series(struct broker *br, int kind, const char *family,
-    const char *labels_fmt, ...)
-{
-	char labels[1024];
-	va_list ap;
-	int n;
-
-	va_start(ap, labels_fmt);
-	n = vsnprintf(labels, sizeof(labels), labels_fmt, ap);
-	va_end(ap);
-	if (n < 0 || (size_t)n >= sizeof(labels))
-		return -1;
-	return metrics_series(br->br_shm, (enum metrics_kind)kind, family,
-	    labels);
-}
-
-void
-server_metric_add(struct broker *br, int series, int64_t delta)
-{
-	if (series >= 0)
-		metrics_add(br->br_shm, br->br_row, series, delta);
-}
-
-void
-server_metric_set(struct broker *br, int series, int64_t value)
-{
-	if (series >= 0)
-		metrics_set(br->br_shm, br->br_row, series, value);
-}
 
 static int
 server_policies(struct broker *br)
@@ -277,19 +226,25 @@ server_new(struct ev_loop *loop, const struct broker_settings *bs, bool serve)
 	}
 	if ((br->br_store = store_open(bs->bs_state_dir)) == NULL)
 		goto fail;
+	/* Who hears of registry changes, in this order. */
+	registry_observe(br, &breaker_registry_observer);
+	registry_observe(br, &policy_registry_observer);
+	registry_observe(br, &kvindex_registry_observer);
+	registry_observe(br, &live_registry_observer);
 	policy_attach(br);
-	sticky_init(br);
+	/* persist first: sticky registers its restore hook there. */
 	persist_init(br);
+	sticky_init(br);
 	if (server_policies(br) == -1)
 		goto fail;
-	br->br_m_shed_selection = server_series(br, METRICS_COUNTER,
+	br->br_m_shed_selection = stats_series(br, METRICS_COUNTER,
 	    "smg_worker_overload_shed_total", "stage=\"selection\"");
 	for (t = 0; t < BROKER_NTYPES; t++) {
-		br->br_m_health_ok[t] = server_series(br, METRICS_COUNTER,
+		br->br_m_health_ok[t] = stats_series(br, METRICS_COUNTER,
 		    "smg_worker_health_checks_total",
 		    "worker_type=\"%s\",result=\"success\"",
 		    registry_type_name((int)t));
-		br->br_m_health_fail[t] = server_series(br, METRICS_COUNTER,
+		br->br_m_health_fail[t] = stats_series(br, METRICS_COUNTER,
 		    "smg_worker_health_checks_total",
 		    "worker_type=\"%s\",result=\"failure\"",
 		    registry_type_name((int)t));
@@ -366,6 +321,7 @@ server_free(struct broker *br)
 	store_close(br->br_store);
 	br->br_store = NULL;
 	registry_free_all(br);
+	kvindex_broker_free(br);
 	policy_free(br->br_default);
 	for (i = 0; i < 4; i++)
 		policy_free(br->br_legs[i]);
@@ -478,7 +434,7 @@ server_tick_cb(struct ev_loop *loop, ev_timer *t, int revents)
 	for (i = 0; i < br->br_nworkers; i++) {
 		struct worker *w = br->br_order[i];
 
-		server_metric_set(br, w->wk_m_active,
+		stats_set(br, w->wk_m_active,
 		    shm_inflight_total(br->br_shm, w->wk_slot));
 	}
 	live_tick(br);

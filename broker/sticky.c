@@ -77,6 +77,8 @@ static int sticky_pick(struct broker *br, struct policy *p, int mode,
 static void sticky_save(struct broker *br, const char *key,
     struct sticky_pin *pin);
 static void sticky_evicted(void *arg, const char *key);
+static void sticky_restore(struct broker *br, const char *key,
+    const char *const *urls, unsigned nurls, uint64_t last_ms);
 
 uint64_t
 sticky_wall_ms(void)
@@ -269,6 +271,19 @@ sticky_map_evict(struct sticky_map *m, uint64_t now_ms, uint64_t max_idle_ms,
 		}
 	}
 	return n;
+}
+
+void
+sticky_map_restore(struct sticky_map *m, const char *key,
+    const char *const *urls, unsigned nurls, uint64_t last_ms)
+{
+	struct sticky_pin *pin = sticky_map_add(m, key);
+	unsigned i;
+
+	for (i = 0; i < nurls; i++)
+		sticky_pin_append(pin, urls[i]);
+	pin->sp_last_ms = last_ms;
+	pin->sp_saved_ms = last_ms;
 }
 
 void
@@ -702,10 +717,10 @@ sticky_count_branch(struct broker *br, enum sticky_branch b)
 	if (ss == NULL || b >= STICKY_NBRANCHES)
 		return;
 	if (ss->ss_branch[b] == -2)
-		ss->ss_branch[b] = server_series(br, METRICS_COUNTER,
+		ss->ss_branch[b] = stats_series(br, METRICS_COUNTER,
 		    "smg_manual_policy_branch_total", "branch=\"%s\"",
 		    sticky_branch_name(b));
-	server_metric_add(br, ss->ss_branch[b], 1);
+	stats_add(br, ss->ss_branch[b], 1);
 }
 
 void
@@ -717,10 +732,10 @@ sticky_count_source(struct broker *br, const char *source)
 	if (ss == NULL)
 		return;
 	if (ss->ss_source[i] == -2)
-		ss->ss_source[i] = server_series(br, METRICS_COUNTER,
+		ss->ss_source[i] = stats_series(br, METRICS_COUNTER,
 		    "smg_routing_key_source_total", "source=\"%s\"",
 		    i == 0 ? "rid" : "header");
-	server_metric_add(br, ss->ss_source[i], 1);
+	stats_add(br, ss->ss_source[i], 1);
 }
 
 /* ------------------------------------------------------------ lifecycle */
@@ -738,6 +753,7 @@ sticky_init(struct broker *br)
 		ss->ss_branch[i] = -2;
 	ss->ss_source[0] = ss->ss_source[1] = -2;
 	br->br_sticky = ss;
+	persist_assign_owner(br, STICKY_SCOPE, sticky_restore);
 }
 
 void
@@ -759,6 +775,16 @@ sticky_free(struct broker *br)
 	sticky_map_free(ss->ss_map);
 	free(ss);
 	br->br_sticky = NULL;
+}
+
+/* persist_restore's hook for the records of sticky_save. */
+static void
+sticky_restore(struct broker *br, const char *key, const char *const *urls,
+    unsigned nurls, uint64_t last_ms)
+{
+	if (br->br_sticky != NULL)
+		sticky_map_restore(br->br_sticky->ss_map, key, urls, nurls,
+		    last_ms);
 }
 
 struct sticky_map *
