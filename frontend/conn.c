@@ -68,6 +68,13 @@ struct conn {
 	void *c_harg;
 	struct arena c_pool; /* the current request's memory and hooks */
 	int c_status; /* status of the response written, 0 none yet */
+	/* Body progress, checked by the periodic body timer (not re-armed
+	 * by each byte, so a trickle cannot hold the connection). */
+	ev_tstamp c_body_progress; /* last time a body byte came */
+	ev_tstamp c_body_window; /* start of the rate window */
+	uint64_t c_body_seen; /* body bytes at the last check */
+	uint64_t c_body_window_bytes; /* body bytes at the window start */
+	uint64_t c_buffered; /* body bytes counted in conn_buffered */
 	const char *c_method_label; /* metric labels of the request */
 	const char *c_path_label;
 	TAILQ_ENTRY(conn) c_link;
@@ -76,6 +83,8 @@ struct conn {
 
 static TAILQ_HEAD(, conn) conns = TAILQ_HEAD_INITIALIZER(conns);
 static const struct conn_routes *conn_routes;
+/* Request body bytes held by every connection of this process. */
+static uint64_t conn_buffered;
 static TAILQ_HEAD(, conn) conn_dirty = TAILQ_HEAD_INITIALIZER(conn_dirty);
 static ev_prepare conn_flush_prep;
 static bool conn_flush_prep_init;
@@ -93,6 +102,10 @@ static void conn_read(struct conn *);
 static int conn_write(struct conn *);
 static void conn_update(struct conn *);
 static void conn_arm_timer(struct conn *, double);
+static void conn_body_watch(struct conn *);
+static bool conn_body_moving(struct conn *);
+static double conn_body_period(void);
+static int conn_buffer_account(struct conn *, uint64_t);
 static void conn_begin(struct conn *, const struct http_request *);
 static void conn_stream_body(struct conn *, const struct http_request *);
 static void conn_body_piece(struct conn *, const struct http_request *, bool);
@@ -124,7 +137,9 @@ conn_accept(int fd, enum listener_kind kind)
 	ev_init(&c->c_timer, conn_timer_cb);
 	ev_timer_init(&c->c_reap, conn_reap_cb, 0., 0.);
 	ev_io_start(fe->fe_loop, &c->c_rio);
-	conn_arm_timer(c, FE_IDLE_TIMEOUT);
+	/* A TLS handshake must finish as fast as a request head. */
+	conn_arm_timer(c,
+	    c->c_tls != NULL ? FE_HEADER_TIMEOUT : FE_IDLE_TIMEOUT);
 	TAILQ_INSERT_TAIL(&conns, c, c_link);
 	fe->fe_nconns++;
 }
@@ -147,6 +162,79 @@ conn_drain_all(void)
 		else
 			c->c_close_after = true;
 	}
+}
+
+/* How often a body in progress is checked. */
+static double
+conn_body_period(void)
+{
+	double stall = (double)fe->fe_cf->cf_stream_body_stall_timeout_secs;
+
+	return stall < FE_BODY_RATE_WINDOW ? stall : FE_BODY_RATE_WINDOW;
+}
+
+/* Starts watching a body: now is its last progress and window start. */
+static void
+conn_body_watch(struct conn *c)
+{
+	const struct http_request *req = http_reader_request(c->c_reader);
+	uint64_t seen = req != NULL ? req->hr_body_total : 0;
+
+	c->c_body_progress = c->c_body_window = ev_now(fe->fe_loop);
+	c->c_body_seen = c->c_body_window_bytes = seen;
+	conn_arm_timer(c, conn_body_period());
+}
+
+/*
+ * At each check: whether the body still arrives well enough. It fails
+ * when nothing came for --stream-body-stall-timeout-secs, or when a whole
+ * window brought less than --body-min-rate-bytes-per-sec.
+ */
+static bool
+conn_body_moving(struct conn *c)
+{
+	const struct http_request *req = http_reader_request(c->c_reader);
+	uint64_t seen = req != NULL ? req->hr_body_total : 0;
+	double now = ev_now(fe->fe_loop), span;
+	double rate = (double)fe->fe_cf->cf_body_min_rate_bytes_per_sec;
+
+	if (c->c_body_paused)
+		return true; /* the wait is on the worker */
+	if (seen > c->c_body_seen) {
+		c->c_body_seen = seen;
+		c->c_body_progress = now;
+	}
+	if (now - c->c_body_progress >=
+	    (double)fe->fe_cf->cf_stream_body_stall_timeout_secs - 0.001)
+		return false;
+	span = now - c->c_body_window;
+	if (span >= FE_BODY_RATE_WINDOW - 0.001) {
+		if ((double)(seen - c->c_body_window_bytes) < rate * span) {
+			stats_add("smg_frontend_slow_bodies_total", "", 1);
+			return false;
+		}
+		c->c_body_window = now;
+		c->c_body_window_bytes = seen;
+	}
+	return true;
+}
+
+/*
+ * Sets this connection's share of the buffered body bytes to n. Returns
+ * -1 (nothing changed) when that would take the process over
+ * --max-buffered-bytes-total.
+ */
+static int
+conn_buffer_account(struct conn *c, uint64_t n)
+{
+	uint64_t cap = fe->fe_cf->cf_max_buffered_bytes_total;
+
+	if (n > c->c_buffered && cap > 0 &&
+	    conn_buffered - c->c_buffered + n > cap)
+		return -1;
+	conn_buffered = conn_buffered - c->c_buffered + n;
+	c->c_buffered = n;
+	return 0;
 }
 
 static void
@@ -194,6 +282,7 @@ conn_reap_cb(struct ev_loop *loop, ev_timer *w, int revents)
 		c->c_harg = NULL;
 	}
 	arena_reset(&c->c_pool);
+	conn_buffer_account(c, 0);
 	TAILQ_REMOVE(&conns, c, c_link);
 	http_reader_free(c->c_reader);
 	http_out_free(&c->c_out);
@@ -470,9 +559,6 @@ conn_read_cb(struct ev_loop *loop, ev_io *w, int revents)
 		conn_kill(c);
 		return;
 	}
-	if (c->c_state == CONN_BODY || c->c_body_streaming)
-		conn_arm_timer(c,
-		    (double)fe->fe_cf->cf_stream_body_stall_timeout_secs);
 	conn_process(c);
 }
 
@@ -521,6 +607,27 @@ conn_process(struct conn *c)
 			memmove(c->c_in, c->c_in + used, c->c_inlen - used);
 			c->c_inlen -= used;
 		}
+		if (c->c_state == CONN_BODY && !c->c_body_streaming &&
+		    st != HTTP_READ_ERROR &&
+		    conn_buffer_account(c,
+		        http_reader_request(c->c_reader)->hr_body_total) ==
+		        -1) {
+			/* Every connection's bodies together are over the
+			 * frontend's cap: this one is refused. */
+			c->c_keep_alive = false;
+			c->c_close_after = true;
+			c->c_state = CONN_IDLE;
+			ev_timer_stop(fe->fe_loop, &c->c_timer);
+			http_out_error(&c->c_out, 503, "gateway_overloaded",
+			    "The gateway holds too many request bodies", NULL,
+			    1, false);
+			stats_http_response("other", "other", 503);
+			stats_add("smg_frontend_body_buffer_refusals_total", "",
+			    1);
+			conn_buffer_account(c, 0);
+			conn_flush(c);
+			break;
+		}
 		if (st == HTTP_READ_AGAIN) {
 			if (c->c_state == CONN_IDLE) {
 				c->c_state = CONN_HEAD;
@@ -531,9 +638,7 @@ conn_process(struct conn *c)
 		if (st == HTTP_READ_HEADERS) {
 			req = http_reader_request(c->c_reader);
 			if (c->c_state != CONN_BODY)
-				conn_arm_timer(c,
-				    (double)fe->fe_cf
-				        ->cf_stream_body_stall_timeout_secs);
+				conn_body_watch(c);
 			c->c_state = CONN_BODY;
 			if (req->hr_expect_continue) {
 				http_out_append(&c->c_out, HTTP_100_CONTINUE,
@@ -607,7 +712,7 @@ conn_stream_body(struct conn *c, const struct http_request *req)
 {
 	conn_begin(c, req);
 	c->c_body_streaming = true;
-	conn_arm_timer(c, (double)fe->fe_cf->cf_stream_body_stall_timeout_secs);
+	conn_body_watch(c);
 	conn_routes->cr_dispatch(c, req, c->c_kind);
 }
 
@@ -649,7 +754,7 @@ conn_body_resume(struct conn *c)
 	if (!c->c_body_paused || c->c_dead)
 		return;
 	c->c_body_paused = false;
-	conn_arm_timer(c, (double)fe->fe_cf->cf_stream_body_stall_timeout_secs);
+	conn_body_watch(c);
 	if (c->c_in_process)
 		return;
 	/* Bytes already buffered would not wake the fd. */
@@ -668,6 +773,11 @@ conn_timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
 	ev_timer_stop(fe->fe_loop, w);
 	if (c->c_lingering) {
 		conn_kill(c);
+		return;
+	}
+	if ((c->c_state == CONN_BODY || c->c_body_streaming) &&
+	    conn_body_moving(c)) {
+		conn_arm_timer(c, conn_body_period());
 		return;
 	}
 	if (c->c_body_streaming) {
@@ -709,6 +819,7 @@ conn_request_done(struct conn *c)
 		    c->c_status != 0 ? c->c_status : 500);
 	/* Whatever the handler still holds goes before the next request. */
 	arena_reset(&c->c_pool);
+	conn_buffer_account(c, 0);
 	if (c->c_body_streaming) {
 		/* Answered before the whole body came: the rest is unread. */
 		c->c_body_streaming = false;

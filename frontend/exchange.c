@@ -15,10 +15,12 @@
 
 static void exchange_decided(void *, const struct decision *);
 static void exchange_backoff_cb(struct ev_loop *, ev_timer *, int);
+static void exchange_stream_cb(struct ev_loop *, ev_timer *, int);
 static void exchange_cleanup(void *);
 static void exchange_end_all(struct exchange *, int,
     const struct exchange_leg *, bool);
 static void exchange_count(struct exchange *, bool, const char *);
+static void exchange_stream_arm(struct exchange *, struct exchange_leg *, long);
 
 /* Whether a leg's worker prefills the prompt (not a decode or encode
  * leg): only those carry live prefill load. */
@@ -59,6 +61,8 @@ exchange_new(struct conn *c, const struct extract_inputs *in,
 		ex->ex_legs[i].xl_ex = ex;
 		ex->ex_legs[i].xl_leg = legs[i];
 		ex->ex_legs[i].xl_name = names[i];
+		ev_init(&ex->ex_legs[i].xl_timer, exchange_stream_cb);
+		ex->ex_legs[i].xl_timer.data = &ex->ex_legs[i];
 	}
 	return ex;
 }
@@ -228,6 +232,10 @@ exchange_dispatch(struct exchange *ex, unsigned i, struct upstream_req *up)
 	xl->xl_sent = ev_now(fe->fe_loop);
 	xl->xl_first_byte = false;
 	xl->xl_ttfb = 0;
+	/* A stream's first byte is its first token: it has a deadline of its
+	 * own (a non-streamed body comes whole at the end, so none). */
+	exchange_stream_arm(ex, xl,
+	    fe->fe_cf->cf_stream_first_byte_timeout_secs);
 	if (!xl->xl_inflight) {
 		xl->xl_inflight = true;
 		shm_inflight_inc(fe->fe_shm, fe->fe_row, xl->xl_d.dc_slot);
@@ -263,6 +271,53 @@ exchange_first_byte(struct exchange *ex, unsigned i)
 	xl->xl_first_byte = true;
 	xl->xl_ttfb = ev_now(fe->fe_loop) - xl->xl_sent;
 	exchange_release_pending(xl);
+	exchange_stream_arm(ex, xl, fe->fe_cf->cf_stream_idle_timeout_secs);
+}
+
+void
+exchange_progress(struct exchange *ex, unsigned i)
+{
+	struct exchange_leg *xl = &ex->ex_legs[i];
+
+	if (ev_is_active(&xl->xl_timer))
+		ev_timer_again(fe->fe_loop, &xl->xl_timer);
+}
+
+/* (Re)starts leg xl's stream deadline: secs without a byte (0: none). */
+static void
+exchange_stream_arm(struct exchange *ex, struct exchange_leg *xl, long secs)
+{
+	ev_timer_stop(fe->fe_loop, &xl->xl_timer);
+	if (!ex->ex_streaming || secs <= 0)
+		return;
+	xl->xl_timer.repeat = (double)secs;
+	ev_timer_again(fe->fe_loop, &xl->xl_timer);
+}
+
+/*
+ * A stream went quiet too long: before anything was relayed the attempt
+ * failed (504, retried); after, the client's response is cut.
+ */
+static void
+exchange_stream_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	struct exchange_leg *xl = w->data;
+	struct exchange *ex = xl->xl_ex;
+	struct conn *c = ex->ex_conn;
+	unsigned i = (unsigned)(xl - ex->ex_legs);
+
+	(void)loop;
+	(void)revents;
+	ev_timer_stop(fe->fe_loop, w);
+	stats_add("smg_router_stream_timeouts_total",
+	    xl->xl_first_byte ? "kind=\"idle\"" : "kind=\"first_byte\"", 1);
+	if (!ex->ex_relayed) {
+		exchange_next(ex, i, EXCHANGE_TIMEOUT, 0, NULL);
+		return;
+	}
+	exchange_finish(ex, 504, false);
+	conn_flush(c);
+	conn_request_abort(c);
 }
 
 void
@@ -274,6 +329,7 @@ exchange_end(struct exchange *ex, unsigned i, int status, bool transport,
 	bool sent = xl->xl_inflight;
 	double ttfb_us;
 
+	ev_timer_stop(fe->fe_loop, &xl->xl_timer);
 	if (xl->xl_up != NULL) {
 		upstream_cancel(xl->xl_up);
 		xl->xl_up = NULL;

@@ -43,6 +43,7 @@
 #define FE_MSG_MAX           256
 #define FE_FANOUT_BODY_MAX   (1024 * 1024)
 #define FE_TARGET_MAX        2048 /* path + "?" + query, 414 beyond */
+#define FE_BODY_RATE_WINDOW  10.0 /* request body rate measured over */
 
 struct conn;
 struct req;
@@ -432,6 +433,7 @@ struct exchange_leg {
 	ev_tstamp xl_ttfb; /* seconds to the first body byte */
 	uint64_t xl_pending; /* prompt tokens counted in shm pending now */
 	uint64_t xl_ahead; /* the worker's pending tokens at dispatch */
+	ev_timer xl_timer; /* stream: first-byte, then idle deadline */
 	uint32_t xl_exclude[FE_MAX_EXCLUDE];
 	size_t xl_nexclude;
 };
@@ -494,6 +496,14 @@ void exchange_route(struct exchange *ex);
 int exchange_dispatch(struct exchange *ex, unsigned i, struct upstream_req *up);
 /* The first response body byte of leg i arrived (live load, TTFB). */
 void exchange_first_byte(struct exchange *ex, unsigned i);
+/*
+ * More of leg i's body arrived (restarts a stream's idle deadline). A
+ * stream (the client asked for SSE) whose first byte does not come within
+ * --stream-first-byte-timeout-secs, or that then stays silent for
+ * --stream-idle-timeout-secs, fails: retried as a 504 before anything
+ * was relayed, cut after.
+ */
+void exchange_progress(struct exchange *ex, unsigned i);
 /*
  * Whether an attempt failing now with status (a worker status, or the
  * gateway's for a failure) would be tried again.

@@ -832,6 +832,7 @@ pd_on_body(void *arg, const char *data, size_t len)
 	if (len == 0)
 		return;
 	exchange_first_byte(rq->pr_ex, lg->lg_index);
+	exchange_progress(rq->pr_ex, lg->lg_index);
 	if (lg->lg_index == PD_DECODE && rq->pr_ex->ex_relayed) {
 		pd_relay(rq, data, len);
 		return;

@@ -358,6 +358,7 @@ proxy_on_body(void *arg, const char *data, size_t len)
 	if (len == 0)
 		return;
 	exchange_first_byte(rq->rq_ex, 0);
+	exchange_progress(rq->rq_ex, 0);
 	if (rq->rq_holding) {
 		proxy_hold_body(rq, data, len);
 		return;

@@ -213,6 +213,10 @@ struct config {
 	/* alias --stream-request-bodies-over; 0 = never stream */
 	uint64_t cf_max_buffered_request_bytes;
 	long cf_stream_body_stall_timeout_secs; /* 300 */
+	uint64_t cf_body_min_rate_bytes_per_sec; /* 1024; 0 = none */
+	uint64_t cf_max_buffered_bytes_total; /* 1 GiB per frontend; 0 = none */
+	long cf_stream_first_byte_timeout_secs; /* 300; 0 = none */
+	long cf_stream_idle_timeout_secs; /* 120; 0 = none */
 	long cf_shutdown_grace_period_secs; /* 180 */
 	long cf_max_concurrent_requests; /* -1 = off (any value <= 0) */
 	long cf_queue_size; /* 100 */
