@@ -16,6 +16,7 @@
 #include "shared/ipc.h"
 #include "shared/log.h"
 #include "shared/promload.h"
+#include "shared/secret.h"
 
 #define LOCAL_LOADS_PATH    "/v1/loads?include=core,disagg,queues,memory"
 #define LOCAL_LOADS_TIMEOUT 5.0 /* per fetch, gateway.md §9.2 */
@@ -233,16 +234,14 @@ local_authorized(const struct http_request *hr)
 {
 	const char *key = fe->fe_cf->cf_api_key;
 	const struct http_header *h;
-	size_t klen;
 
 	if (key == NULL || key[0] == '\0')
 		return true;
 	if ((h = http_request_header(hr, "authorization")) == NULL)
 		return false;
-	klen = strlen(key);
-	return h->hh_value_len == klen + 7 &&
+	return h->hh_value_len >= 7 &&
 	    strncasecmp(h->hh_value, "Bearer ", 7) == 0 &&
-	    memcmp(h->hh_value + 7, key, klen) == 0;
+	    secret_equal(key, h->hh_value + 7, h->hh_value_len - 7);
 }
 
 void

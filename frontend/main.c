@@ -16,6 +16,7 @@
 
 #include "frontend/frontend.h"
 #include "shared/config.h"
+#include "shared/fdlimit.h"
 #include "shared/ipc.h"
 #include "shared/log.h"
 #include "shared/tls.h"
@@ -91,6 +92,7 @@ main(int argc, char *argv[])
 
 	config_load_or_exit(&cf, argc, argv);
 	log_init("smg-frontend", cf.cf_log_level);
+	(void)fdlimit_raise();
 	signal(SIGPIPE, SIG_IGN);
 	srandom((unsigned)time(NULL) ^ (unsigned)getpid());
 
