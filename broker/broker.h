@@ -628,7 +628,23 @@ enum store_db {
  * STORE_BEHIND_MS so a burst shares one transaction (store_flush_due).
  * No transaction ever runs on the decision path.
  */
+/*
+ * store_open checks the environment before using it: the state dir is a
+ * directory, data.mdb's meta pages are LMDB's and the file holds every
+ * page they name (a truncated file would raise SIGBUS through the map),
+ * mdb_env_open and the databases open, the schema is ours, and a cursor
+ * walk of every database returns records inside the file. On any failure
+ * the files are renamed "<name>.corrupt-<unixtime>" (the whole path when
+ * it is not a directory), one error line says so, and a new empty
+ * environment is opened. NULL when even that fails (logged): the broker
+ * then runs without persistence; every store_* call accepts NULL.
+ */
 struct store *store_open(const char *dir);
+/*
+ * The file checks of store_open alone, without opening anything: 0, or
+ * -1 with the reason in why (for tests).
+ */
+int store_check_files(const char *dir, char *why, size_t whylen);
 /* Flushes what is queued, then closes; store_close(NULL) is a no-op. */
 void store_close(struct store *st);
 /* Queue; the last queued operation per key wins. */

@@ -275,8 +275,9 @@ server_new(struct ev_loop *loop, const struct broker_settings *bs, bool serve)
 		br->br_shm = NULL;
 		goto fail;
 	}
-	if ((br->br_store = store_open(bs->bs_state_dir)) == NULL)
-		goto fail;
+	/* NULL: no usable state dir (logged); serve without persistence
+	 * rather than fail in a loop. */
+	br->br_store = store_open(bs->bs_state_dir);
 	policy_attach(br);
 	sticky_init(br);
 	persist_init(br);
