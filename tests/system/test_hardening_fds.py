@@ -67,6 +67,15 @@ def test_fd_exhaustion_pauses_accepts(tmp_path):
     assert hard >= IDLE + 100, "the test itself needs descriptors"
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, IDLE + 100), hard))
     w = sim.start_simworker(tmp_path)
+    try:
+        exhaust_fds(tmp_path, w)
+    except BaseException:
+        w.proc.kill()
+        raise
+    w.stop()
+
+
+def exhaust_fds(tmp_path, w):
     idle = []
     with gw.start_gateway(tmp_path, "--policy", "round_robin",
                           "--worker-urls", w.url,
@@ -107,7 +116,6 @@ def test_fd_exhaustion_pauses_accepts(tmp_path):
         assert "accepting again" in g.log()
         assert metric(g, "smg_frontend_accept_paused_total") >= 1
         assert metric(g, "smg_frontend_accept_shed_total") >= 1
-    w.stop()
 
 
 def test_every_process_raises_soft_limit(tmp_path):

@@ -65,6 +65,15 @@ NO_DAC = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
                               "state_dir_file"])
 def test_damaged_state_starts_empty(tmp_path, damage):
     w = sim.start_simworker(tmp_path)
+    try:
+        damaged_restart(tmp_path, w, damage)
+    except BaseException:
+        w.proc.kill()
+        raise
+    w.stop()
+
+
+def damaged_restart(tmp_path, w, damage):
     state = fill_state(tmp_path, w)
     damage(state)
     prefix = NO_DAC if damage is unreadable and os.geteuid() == 0 else None
@@ -99,4 +108,3 @@ def test_damaged_state_starts_empty(tmp_path, damage):
     except BaseException:
         g.kill()
         raise
-    w.stop()
