@@ -280,6 +280,11 @@ local_route(struct conn *c, const struct http_request *hr,
 		local_err(c, hr, 404, "not_found", "Not found", id);
 		return;
 	}
+	if (hdr_is_looped(hr)) {
+		local_err(c, hr, 508, "loop_detected",
+		    "Request loop: it already passed through this gateway", id);
+		return;
+	}
 	if (get && strcmp(path, "/v1/models") == 0) {
 		local_models(c, hr, id);
 		return;

@@ -109,6 +109,7 @@ main(int argc, char *argv[])
 		fatalx("%s: no free frontend row", __func__);
 	shm_heartbeat(fe->fe_shm, fe->fe_row);
 	stats_init();
+	hdr_init(&cf);
 
 	if (cf.cf_tls_cert_path != NULL &&
 	    (fe->fe_tls = tls_ctx_new_server(cf.cf_tls_cert_path,
