@@ -63,6 +63,11 @@ struct broker_settings {
 	int64_t bs_overload_waiting; /* 0: unset */
 	double bs_overload_token_usage; /* 0: unset */
 	const char *bs_api_key; /* NULL none */
+	/* The worker API's URL rule (shared/urlallow.h). */
+	const char *bs_self_host; /* --host */
+	long bs_self_port; /* --port; 0 (tests): no self check */
+	const struct urlallow_cidr *bs_allow; /* --worker-allow-cidr */
+	size_t bs_nallow;
 	const struct broker_startup_worker *bs_workers;
 	size_t bs_nworkers;
 	/*
