@@ -802,6 +802,9 @@ int server_series(struct broker *br, int kind, const char *family,
     const char *labels_fmt, ...) __attribute__((format(printf, 4, 5)));
 void server_metric_add(struct broker *br, int series, int64_t delta);
 void server_metric_set(struct broker *br, int series, int64_t value);
+/* metrics_retire: the series leaves /metrics (a gauge of a label value
+ * that no longer exists). */
+void server_metric_retire(struct broker *br, int series);
 /* Copies s into a Prometheus label value (escaping \ " and newline). */
 void server_label_escape(char *out, size_t len, const char *s);
 

@@ -254,6 +254,65 @@ test_eviction_sweep_and_gauges(void **state)
 	btu_fx_free(f);
 }
 
+/* family{labels} value in the metrics text, -1 when the series is absent. */
+static long
+gauge(struct btu_fx *f, const char *series)
+{
+	char *out = NULL, pat[256], *p;
+	size_t len;
+	long v = -1;
+
+	assert_int_equal(metrics_render(f->fx_br->br_shm, &out, &len), 0);
+	snprintf(pat, sizeof(pat), "%s ", series);
+	if ((p = strstr(out, pat)) != NULL)
+		v = strtol(p + strlen(pat), NULL, 10);
+	free(out);
+	return v;
+}
+
+/*
+ * smg_cache_tree_chars follows every insert and the eviction it causes,
+ * without waiting for the sweep; once the workers' model is discovered the
+ * "unknown" series are gone and the real model's are there.
+ */
+static void
+test_gauges_live_and_model_discovery(void **state)
+{
+	struct btu_fx *f = btu_fx_flags_new("ca", "cache_aware");
+	char *out = NULL;
+	size_t len;
+	long v;
+	unsigned i;
+
+	(void)state;
+	f->fx_bs.bs_max_tree_size = 100;
+	btu_fx_start_order(f);
+	(void)pick_text(f, long_a);
+	assert_int_equal(gauge(f, "smg_cache_tree_chars{model=\"unknown\"}"),
+	    (long)strlen(long_a));
+	(void)pick_text(f, long_b);
+	v = gauge(f, "smg_cache_tree_chars{model=\"unknown\"}");
+	assert_true(v > 0 && v <= 100);
+	assert_int_not_equal(v, (long)strlen(long_a));
+
+	for (i = 0; i < 3; i++)
+		registry_set_model(f->fx_br, f->fx_c[i], "m1");
+	assert_int_equal(metrics_render(f->fx_br->br_shm, &out, &len), 0);
+	assert_null(strstr(out, "smg_cache_tree_chars{model=\"unknown\"}"));
+	assert_null(strstr(out, "smg_cache_tree_tokens{model=\"unknown\"}"));
+	assert_null(strstr(out, "smg_cache_tree_tenants{model=\"unknown\""));
+	free(out);
+	assert_int_equal(gauge(f,
+	                     "smg_cache_tree_tenants{model=\"m1\","
+	                     "tree=\"string\"}"),
+	    3);
+	assert_int_equal(gauge(f, "smg_cache_tree_chars{model=\"m1\"}"), 0);
+	(void)pick_text(f, long_b);
+	assert_int_equal(gauge(f, "smg_cache_tree_chars{model=\"m1\"}"),
+	    (long)strlen(long_b));
+	btu_fx_free(f);
+}
+
 static void
 test_hash_mode(void **state)
 {
@@ -427,6 +486,7 @@ main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_tree_match_and_fallback),
+		cmocka_unit_test(test_gauges_live_and_model_discovery),
 		cmocka_unit_test(test_spill_needs_both_gates),
 		cmocka_unit_test(test_first_healthy_and_no_tree),
 		cmocka_unit_test(test_kv_pressure),

@@ -94,6 +94,13 @@ server_metric_set(struct broker *br, int series, int64_t value)
 		metrics_set(br->br_shm, br->br_row, series, value);
 }
 
+void
+server_metric_retire(struct broker *br, int series)
+{
+	if (series >= 0)
+		metrics_retire(br->br_shm, series);
+}
+
 static int
 server_policies(struct broker *br)
 {
