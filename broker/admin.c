@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "shared/log.h"
+#include "shared/urlallow.h"
 #include "shared/xmalloc.h"
 
 #include "broker.h"
@@ -17,6 +18,8 @@
 static void admin_set(Smg__AdminReply *r, uint32_t status, cJSON *body);
 static void admin_error(Smg__AdminReply *r, uint32_t status, const char *msg,
     const char *code);
+static int admin_url_allowed(struct broker *br, const char *url,
+    Smg__AdminReply *r);
 static void admin_add(struct broker *br, const Smg__WorkerSpec *spec,
     Smg__AdminReply *r);
 static void admin_list(struct broker *br, const char *model,
@@ -339,6 +342,39 @@ admin_spec_from_proto(const Smg__WorkerSpec *p, struct worker_spec *ws,
 	return 0;
 }
 
+/*
+ * The worker API's URL rule: 400 invalid_url, worker_url_is_gateway or
+ * worker_url_not_allowed, set into r, and -1 when url is refused.
+ */
+static int
+admin_url_allowed(struct broker *br, const char *url, Smg__AdminReply *r)
+{
+	const struct broker_settings *bs = br->br_set;
+	struct urlallow_rule rule;
+	char err[SHM_URL_MAX + 128];
+
+	memset(&rule, 0, sizeof(rule));
+	rule.ur_self_host = bs->bs_self_host;
+	rule.ur_self_port = bs->bs_self_port;
+	rule.ur_cidrs = bs->bs_allow;
+	rule.ur_ncidrs = bs->bs_nallow;
+	switch (urlallow_check(&rule, url, err, sizeof(err))) {
+	case URLALLOW_OK:
+		return 0;
+	case URLALLOW_INVALID:
+		admin_error(r, 400, err, "invalid_url");
+		break;
+	case URLALLOW_SELF:
+		admin_error(r, 400, err, "worker_url_is_gateway");
+		break;
+	case URLALLOW_DENIED:
+		admin_error(r, 400, err, "worker_url_not_allowed");
+		break;
+	}
+	log_warnx("%s: refused %s", __func__, err);
+	return -1;
+}
+
 static void
 admin_add(struct broker *br, const Smg__WorkerSpec *spec, Smg__AdminReply *r)
 {
@@ -370,6 +406,11 @@ admin_add(struct broker *br, const Smg__WorkerSpec *spec, Smg__AdminReply *r)
 				    spec->labels[i]->value);
 			ws.ws_labels = labels;
 		}
+	}
+	if (admin_url_allowed(br, url, r) == -1) {
+		cJSON_Delete(root);
+		cJSON_Delete(labels);
+		return;
 	}
 	if ((w = registry_add(br, &ws, true, &why)) == NULL) {
 		if (strcmp(why, "exists") == 0) {

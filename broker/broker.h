@@ -64,6 +64,11 @@ struct broker_settings {
 	int64_t bs_overload_waiting; /* 0: unset */
 	double bs_overload_token_usage; /* 0: unset */
 	const char *bs_api_key; /* NULL none */
+	/* The worker API's URL rule (shared/urlallow.h). */
+	const char *bs_self_host; /* --host */
+	long bs_self_port; /* --port; 0 (tests): no self check */
+	const struct urlallow_cidr *bs_allow; /* --worker-allow-cidr */
+	size_t bs_nallow;
 	const struct broker_startup_worker *bs_workers;
 	size_t bs_nworkers;
 	/*
@@ -116,6 +121,9 @@ int stats_series(struct broker *br, int kind, const char *family,
     const char *labels_fmt, ...) __attribute__((format(printf, 4, 5)));
 void stats_add(struct broker *br, int series, int64_t delta);
 void stats_set(struct broker *br, int series, int64_t value);
+/* metrics_retire: the series leaves /metrics (a gauge of a label value
+ * that no longer exists). */
+void stats_retire(struct broker *br, int series);
 /* Copies s into a Prometheus label value (escaping \ " and newline). */
 void stats_label_escape(char *out, size_t len, const char *s);
 
@@ -723,7 +731,23 @@ enum store_db {
  * STORE_BEHIND_MS so a burst shares one transaction (store_flush_due).
  * No transaction ever runs on the decision path.
  */
+/*
+ * store_open checks the environment before using it: the state dir is a
+ * directory, data.mdb's meta pages are LMDB's and the file holds every
+ * page they name (a truncated file would raise SIGBUS through the map),
+ * mdb_env_open and the databases open, the schema is ours, and a cursor
+ * walk of every database returns records inside the file. On any failure
+ * the files are renamed "<name>.corrupt-<unixtime>" (the whole path when
+ * it is not a directory), one error line says so, and a new empty
+ * environment is opened. NULL when even that fails (logged): the broker
+ * then runs without persistence; every store_* call accepts NULL.
+ */
 struct store *store_open(const char *dir);
+/*
+ * The file checks of store_open alone, without opening anything: 0, or
+ * -1 with the reason in why (for tests).
+ */
+int store_check_files(const char *dir, char *why, size_t whylen);
 /* Flushes what is queued, then closes; store_close(NULL) is a no-op. */
 void store_close(struct store *st);
 /* Queue; the last queued operation per key wins. */

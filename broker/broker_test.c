@@ -5,6 +5,10 @@
  * outcomes, the LMDB store and a restart that keeps the workers.
  */
 #define _XOPEN_SOURCE 700
+#include <sys/stat.h>
+
+#include <fcntl.h>
+#include <glob.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -905,6 +909,149 @@ test_store_roundtrip(void **state)
 	store_close(st);
 }
 
+/* Fills dir's store with n records of about 1 KB. */
+static void
+store_fill(const char *dir, int n)
+{
+	struct store *st;
+	char key[64], val[1024];
+	int i;
+
+	assert_non_null(st = store_open(dir));
+	memset(val, 'v', sizeof(val) - 1);
+	val[sizeof(val) - 1] = '\0';
+	for (i = 0; i < n; i++) {
+		snprintf(key, sizeof(key), "http://w%04d", i);
+		store_put(st, key, val);
+	}
+	store_close(st);
+}
+
+static size_t
+store_count(struct store *st)
+{
+	struct recs r = { 0 };
+
+	assert_int_equal(store_each(st, collect, &r), 0);
+	return r.n;
+}
+
+/* How many paths match pattern. */
+static size_t
+glob_count(const char *pattern)
+{
+	glob_t g;
+	size_t n;
+
+	if (glob(pattern, 0, NULL, &g) != 0)
+		return 0;
+	n = g.gl_pathc;
+	globfree(&g);
+	return n;
+}
+
+static void
+write_garbage(const char *path, off_t off, size_t len)
+{
+	unsigned char buf[4096];
+	size_t i, n;
+	int fd;
+
+	srand(7);
+	assert_true((fd = open(path, O_WRONLY)) != -1);
+	while (len > 0) {
+		n = len < sizeof(buf) ? len : sizeof(buf);
+		for (i = 0; i < n; i++)
+			buf[i] = (unsigned char)rand();
+		assert_int_equal(pwrite(fd, buf, n, off), (ssize_t)n);
+		off += (off_t)n;
+		len -= n;
+	}
+	close(fd);
+}
+
+/*
+ * A damaged state dir (truncated file, garbage, data.mdb not a file, the
+ * dir a file) is moved aside and a new empty store opens: never a crash,
+ * never a failure to start.
+ */
+static void
+test_store_damaged(void **state)
+{
+	struct btu_fx *f = *state;
+	struct store *st;
+	char dir[512], data[600], pat[700], why[256];
+	struct stat sb;
+	size_t full;
+	FILE *fp;
+
+	snprintf(dir, sizeof(dir), "%s/dmg", f->fx_state);
+	snprintf(data, sizeof(data), "%s/data.mdb", dir);
+	snprintf(pat, sizeof(pat), "%s.corrupt-*", data);
+
+	/* Sound: the checks pass and the records are there. */
+	store_fill(dir, 200);
+	assert_int_equal(store_check_files(dir, why, sizeof(why)), 0);
+	assert_int_equal(stat(data, &sb), 0);
+	assert_true(sb.st_size > 24576);
+	assert_non_null(st = store_open(dir));
+	full = store_count(st);
+	assert_int_equal(full, 200);
+	store_close(st);
+
+	/* Truncated: the meta page names pages past the end (SIGBUS). */
+	assert_int_equal(truncate(data, 24576), 0);
+	assert_int_equal(store_check_files(dir, why, sizeof(why)), -1);
+	assert_non_null(strstr(why, "meta page names"));
+	assert_non_null(st = store_open(dir));
+	assert_int_equal(store_count(st), 0);
+	store_close(st);
+	assert_int_equal(glob_count(pat), 1);
+	assert_int_equal(store_check_files(dir, why, sizeof(why)), 0);
+
+	/* Garbage over the meta pages. */
+	store_fill(dir, 50);
+	write_garbage(data, 0, 8192);
+	assert_int_equal(store_check_files(dir, why, sizeof(why)), -1);
+	assert_non_null(st = store_open(dir));
+	assert_int_equal(store_count(st), 0);
+	store_close(st);
+
+	/* Garbage pages between sound meta pages: opens (moved aside or
+	 * not, depending on what the walk meets) and never crashes. */
+	store_fill(dir, 200);
+	assert_int_equal(stat(data, &sb), 0);
+	write_garbage(data, 8192, (size_t)sb.st_size - 8192);
+	assert_non_null(st = store_open(dir));
+	(void)store_count(st);
+	store_close(st);
+
+	/* data.mdb a directory (unreadable as a file). */
+	assert_int_equal(unlink(data), 0);
+	assert_int_equal(mkdir(data, 0700), 0);
+	assert_non_null(st = store_open(dir));
+	assert_int_equal(store_count(st), 0);
+	store_put(st, "http://after", "v1");
+	store_close(st);
+	assert_non_null(st = store_open(dir));
+	assert_int_equal(store_count(st), 1);
+	store_close(st);
+
+	/* The state dir a file. */
+	snprintf(dir, sizeof(dir), "%s/afile", f->fx_state);
+	assert_non_null(fp = fopen(dir, "w"));
+	fputs("not a dir\n", fp);
+	fclose(fp);
+	assert_int_equal(store_check_files(dir, why, sizeof(why)), -1);
+	assert_non_null(st = store_open(dir));
+	assert_int_equal(store_count(st), 0);
+	store_close(st);
+	assert_int_equal(stat(dir, &sb), 0);
+	assert_true(S_ISDIR(sb.st_mode));
+	snprintf(pat, sizeof(pat), "%s.corrupt-*", dir);
+	assert_int_equal(glob_count(pat), 1);
+}
+
 static void
 test_write_behind(void **state)
 {
@@ -1011,6 +1158,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_outcomes_breaker, fx_setup,
 		    fx_teardown),
 		cmocka_unit_test_setup_teardown(test_store_roundtrip, fx_setup,
+		    fx_teardown),
+		cmocka_unit_test_setup_teardown(test_store_damaged, fx_setup,
 		    fx_teardown),
 		cmocka_unit_test_setup_teardown(test_write_behind, fx_setup,
 		    fx_teardown),

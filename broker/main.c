@@ -10,7 +10,9 @@
 #include <ev.h>
 
 #include "shared/config.h"
+#include "shared/fdlimit.h"
 #include "shared/log.h"
+#include "shared/urlallow.h"
 #include "shared/xmalloc.h"
 
 #include "broker.h"
@@ -40,6 +42,7 @@ broker_settings_fill(struct broker_settings *bs, const struct config *cf,
     struct broker_startup_worker **wsp)
 {
 	struct broker_startup_worker *ws;
+	struct urlallow_cidr *allow;
 	size_t i, n = 0, total;
 
 	memset(bs, 0, sizeof(*bs));
@@ -75,6 +78,18 @@ broker_settings_fill(struct broker_settings *bs, const struct config *cf,
 	else if (cf->cf_worker_overload_protection)
 		bs->bs_overload_token_usage = 0.9;
 	bs->bs_api_key = cf->cf_api_key;
+	bs->bs_self_host = cf->cf_host;
+	bs->bs_self_port = cf->cf_port;
+	if (cf->cf_worker_allow_cidr_n > 0) {
+		allow = xcalloc(cf->cf_worker_allow_cidr_n, sizeof(*allow));
+		for (i = 0; i < cf->cf_worker_allow_cidr_n; i++)
+			if (urlallow_cidr_parse(cf->cf_worker_allow_cidr[i],
+			        &allow[i]) == -1)
+				fatalx("bad --worker-allow-cidr %s",
+				    cf->cf_worker_allow_cidr[i]);
+		bs->bs_allow = allow;
+		bs->bs_nallow = cf->cf_worker_allow_cidr_n;
+	}
 	bs->bs_ll_kv_pressure_weight = cf->cf_least_load_kv_pressure_weight;
 	bs->bs_ll_default_throughput = cf->cf_least_load_default_throughput;
 	bs->bs_ll_mean_prefill_tokens =
@@ -146,6 +161,7 @@ main(int argc, char *argv[])
 
 	log_init("smg-broker", LOG_LEVEL_INFO);
 	config_load_or_exit(&cf, argc, argv);
+	(void)fdlimit_raise();
 	log_setlevel(cf.cf_log_level);
 	signal(SIGPIPE, SIG_IGN);
 	broker_settings_fill(&bs, &cf, &ws);
@@ -163,6 +179,7 @@ main(int argc, char *argv[])
 	server_free(br);
 	log_info("smg-broker: stopped");
 	free(ws);
+	free((void *)bs.bs_allow);
 	config_free(&cf);
 	ev_loop_destroy(loop);
 	return 0;

@@ -161,6 +161,7 @@ static void ca_place_record(struct cache_aware *ca, struct ca_model *cm,
 static void ca_count(struct cache_aware *ca, enum ca_branch b);
 static const char *ca_branch_name(enum ca_branch b);
 static void ca_gauges(struct cache_aware *ca, struct ca_model *cm);
+static void ca_prune(struct cache_aware *ca);
 
 const struct policy_ops policy_cache_aware_ops = {
 	.po_name = "cache_aware",
@@ -323,9 +324,53 @@ ca_on_add(struct policy *p, struct worker *w)
 {
 	struct cache_aware *ca = p->pl_state;
 	struct ca_model *cm = ca_model(ca, w->wk_model, true);
+	unsigned i;
 
-	if (cm->cm_str != NULL && w->wk_slot <= TREE_MAX_TENANT)
+	if (cm->cm_str != NULL && w->wk_slot <= TREE_MAX_TENANT) {
 		(void)tree_insert(cm->cm_str, "", 0, w->wk_slot);
+		/* A worker whose model changed (discovered) is never a
+		 * candidate under the old one: its prefixes there are dead. */
+		for (i = 0; i < ca->ca_nmodels; i++) {
+			if (ca->ca_models[i] == cm)
+				continue;
+			tree_remove_tenant(ca->ca_models[i]->cm_str,
+			    w->wk_slot);
+			tree_remove_tenant(ca->ca_models[i]->cm_tok,
+			    w->wk_slot);
+		}
+		ca_prune(ca);
+	}
+	ca_gauges(ca, cm);
+}
+
+/*
+ * Drops the tree-mode models no worker holds any more (the "unknown" model
+ * once its workers' models are discovered, a model whose workers are all
+ * gone), with their gauge series, so /metrics lists only live models.
+ */
+static void
+ca_prune(struct cache_aware *ca)
+{
+	struct broker *br = ca->ca_p->pl_br;
+	struct ca_model *cm;
+	unsigned i = 0;
+
+	while (i < ca->ca_nmodels) {
+		cm = ca->ca_models[i];
+		if (ca->ca_hash || tree_tenants(cm->cm_str) > 0 ||
+		    tree_tenants(cm->cm_tok) > 0) {
+			i++;
+			continue;
+		}
+		if (br != NULL) {
+			stats_retire(br, cm->cm_m_chars);
+			stats_retire(br, cm->cm_m_tokens);
+			stats_retire(br, cm->cm_m_ten_str);
+			stats_retire(br, cm->cm_m_ten_tok);
+		}
+		ca_model_free(cm);
+		ca->ca_models[i] = ca->ca_models[--ca->ca_nmodels];
+	}
 }
 
 static void
@@ -345,6 +390,9 @@ ca_on_remove(struct policy *p, struct worker *w)
 	scorer_forget(ca->ca_scorer, w->wk_url_hash);
 	if (p->pl_br != NULL)
 		sticky_forget_worker(p->pl_br, w);
+	ca_prune(ca);
+	for (i = 0; i < ca->ca_nmodels; i++)
+		ca_gauges(ca, ca->ca_models[i]);
 }
 
 static void
@@ -377,11 +425,18 @@ policy_cache_aware_replay(struct policy *p, const char *model, int kind,
 
 	if (ca->ca_hash || w->wk_slot > TREE_MAX_TENANT)
 		return;
+	/* Recorded before the worker's model was known, replayed after:
+	 * dead state (a model still unknown may yet become the recorded
+	 * one, so the other way round is kept). */
+	if (model != NULL && strcmp(model, BROKER_MODEL_UNKNOWN) == 0 &&
+	    strcmp(w->wk_model, BROKER_MODEL_UNKNOWN) != 0)
+		return;
 	cm = ca_model(ca, model, true);
 	if (kind == 0)
 		(void)tree_insert(cm->cm_str, key, keylen, w->wk_slot);
 	else
 		(void)tree_insert_tokens(cm->cm_tok, key, keylen, w->wk_slot);
+	ca_gauges(ca, cm);
 }
 
 /* ------------------------------------------------------------ metrics */
@@ -445,15 +500,17 @@ ca_gauges(struct cache_aware *ca, struct ca_model *cm)
 
 	if (br == NULL)
 		return;
-	stats_label_escape(m, sizeof(m), cm->cm_name);
 	if (ca->ca_hash) {
-		if (cm->cm_m_place == -2)
+		if (cm->cm_m_place == -2) {
+			stats_label_escape(m, sizeof(m), cm->cm_name);
 			cm->cm_m_place = stats_series(br, METRICS_GAUGE,
 			    "smg_cache_placement_entries", "model=\"%s\"", m);
+		}
 		stats_set(br, cm->cm_m_place, (int64_t)cm->cm_place_n);
 		return;
 	}
 	if (cm->cm_m_chars == -2) {
+		stats_label_escape(m, sizeof(m), cm->cm_name);
 		cm->cm_m_chars = stats_series(br, METRICS_GAUGE,
 		    "smg_cache_tree_chars", "model=\"%s\"", m);
 		cm->cm_m_tokens = stats_series(br, METRICS_GAUGE,
@@ -737,6 +794,7 @@ ca_insert(struct cache_aware *ca, struct ca_model *cm, struct worker *w,
 		    br != NULL)
 			persist_tree_insert(br, ca->ca_p, cm->cm_name, 1,
 			    w->wk_url, req->tokens, ntok * sizeof(uint32_t));
+		ca_gauges(ca, cm);
 		return;
 	}
 	text = req->has_text && req->text != NULL ? req->text : "";
@@ -745,6 +803,8 @@ ca_insert(struct cache_aware *ca, struct ca_model *cm, struct worker *w,
 	    len > 0)
 		persist_tree_insert(br, ca->ca_p, cm->cm_name, 0, w->wk_url,
 		    text, len);
+	/* The insert evicted down to the cap: the gauges follow both. */
+	ca_gauges(ca, cm);
 }
 
 /* ------------------------------------------------------------ tree mode */

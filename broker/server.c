@@ -224,8 +224,9 @@ server_new(struct ev_loop *loop, const struct broker_settings *bs, bool serve)
 		br->br_shm = NULL;
 		goto fail;
 	}
-	if ((br->br_store = store_open(bs->bs_state_dir)) == NULL)
-		goto fail;
+	/* NULL: no usable state dir (logged); serve without persistence
+	 * rather than fail in a loop. */
+	br->br_store = store_open(bs->bs_state_dir);
 	/* Who hears of registry changes, in this order. */
 	registry_observe(br, &breaker_registry_observer);
 	registry_observe(br, &policy_registry_observer);

@@ -60,3 +60,10 @@ stats_set(struct broker *br, int series, int64_t value)
 	if (series >= 0)
 		metrics_set(br->br_shm, br->br_row, series, value);
 }
+
+void
+stats_retire(struct broker *br, int series)
+{
+	if (series >= 0)
+		metrics_retire(br->br_shm, series);
+}

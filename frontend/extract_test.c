@@ -30,7 +30,8 @@ request_with(const char *headers)
 
 	http_reader_free(reader);
 	assert_non_null(reader = http_reader_new(NULL));
-	len = snprintf(buf, sizeof(buf), "POST /x HTTP/1.1\r\n%s\r\n", headers);
+	len = snprintf(buf, sizeof(buf),
+	    "POST /x HTTP/1.1\r\nHost: x\r\n%s\r\n", headers);
 	assert_true(len > 0 && (size_t)len < sizeof(buf));
 	do {
 		st = http_reader_feed(reader, buf + off, (size_t)len - off, &n);

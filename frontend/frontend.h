@@ -192,14 +192,33 @@ bool hdr_is_hop_by_hop(const char *name, size_t len);
 bool hdr_is_forwarded(const char *name, size_t len);
 
 #define HDR_UPSTREAM_MAX 24
+#define HDR_VIA_MAX      1024 /* longest Via value sent upstream */
+
+/*
+ * Computes this gateway's hop id from cf (host name, --host, --port,
+ * --run-dir: the same in every frontend of one gateway). Call once at
+ * startup, before hdr_upstream or hdr_is_looped.
+ */
+void hdr_init(const struct config *cf);
+/* "smg-c-<16 hex>", the received-by of our Via entries. */
+const char *hdr_via_token(void);
+/*
+ * Whether req already passed through this gateway: a Via header lists
+ * our hop id, or the Via chain is too long to extend (HDR_VIA_MAX). The
+ * caller answers 508 loop_detected.
+ */
+bool hdr_is_looped(const struct http_request *req);
 
 /*
  * The header list sent to a worker: the forwarded client headers (minus
  * x-request-id, replaced by request_id), authorization (the client's, else
  * "Bearer <worker_api_key>" when that is not empty, formatted into
- * authbuf), x-request-id and content-type: application/json when
- * json_body. Pointers borrow req, request_id and authbuf. Returns the count
- * written to out (at most max).
+ * authbuf), via (the client's Via list plus "1.1 <hdr_via_token()>", once
+ * hdr_init ran), x-request-id and content-type: application/json when
+ * json_body. Pointers borrow req, request_id and authbuf; the via value
+ * lives in hdr.c until the next call, so hand the list on (upstream_request
+ * copies it) before calling again. Returns the count written to out (at
+ * most max).
  */
 size_t hdr_upstream(const struct http_request *req, const char *request_id,
     const char *worker_api_key, bool json_body, char *authbuf, size_t authlen,

@@ -2,17 +2,37 @@
  * hdr.c: which headers cross the gateway (gateway.md §3.4): the client
  * headers forwarded to a worker, and the worker response head relayed to
  * the client with the gateway's own headers added.
+ *
+ * Every request sent to a worker carries Via (RFC 9110 §7.6.3): the
+ * client's Via list, then this gateway's "1.1 smg-c-<id>". The id is the
+ * same in every frontend of one gateway (a hash of host name, listening
+ * address and run dir), so a request that comes back to the gateway, by
+ * itself or through other proxies that keep Via, is recognised and cut
+ * (hdr_is_looped) instead of recursing.
  */
+#define _GNU_SOURCE /* memmem */
+#include <unistd.h>
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+
+#include <xxhash.h>
 
 #include "frontend/frontend.h"
 
 static bool hdr_eq(const char *, size_t, const char *);
 static bool hdr_value_ok(const char *, size_t);
 static bool hdr_name_ok(const char *, size_t);
+static bool hdr_via_has(const char *, size_t, const char *, size_t);
+static size_t hdr_via_value(const struct http_request *, char *, size_t);
+
+/* "smg-c-" and 16 hex digits; "1.1 " before it in Via. */
+static char hdr_via_id[32];
+static size_t hdr_via_id_len;
+/* The Via value of the last hdr_upstream call. */
+static char hdr_via_buf[HDR_VIA_MAX];
 
 static const char *const hdr_hop[] = {
 	"connection",
@@ -73,6 +93,74 @@ hdr_name_ok(const char *nm, size_t len)
 	return true;
 }
 
+void
+hdr_init(const struct config *cf)
+{
+	char host[256], key[1024];
+	int n;
+
+	if (gethostname(host, sizeof(host)) == -1)
+		host[0] = '\0';
+	host[sizeof(host) - 1] = '\0';
+	n = snprintf(key, sizeof(key), "%s|%s|%ld|%s", host,
+	    cf->cf_host != NULL ? cf->cf_host : "", cf->cf_port,
+	    cf->cf_run_dir != NULL ? cf->cf_run_dir : "");
+	if (n < 0 || (size_t)n >= sizeof(key))
+		n = (int)strlen(key);
+	snprintf(hdr_via_id, sizeof(hdr_via_id), "smg-c-%016llx",
+	    (unsigned long long)XXH3_64bits(key, (size_t)n));
+	hdr_via_id_len = strlen(hdr_via_id);
+}
+
+const char *
+hdr_via_token(void)
+{
+	return hdr_via_id;
+}
+
+/*
+ * Whether the Via value v lists a hop whose received-by is id: a list
+ * member "<protocol> <id>" followed by the end, ',', or a comment.
+ */
+static bool
+hdr_via_has(const char *v, size_t len, const char *id, size_t idlen)
+{
+	const char *p = v, *end = v + len, *hit;
+	char after;
+
+	while (p < end &&
+	    (hit = memmem(p, (size_t)(end - p), id, idlen)) != NULL) {
+		after = hit + idlen < end ? hit[idlen] : ',';
+		if (hit > v && (hit[-1] == ' ' || hit[-1] == '\t') &&
+		    (after == ',' || after == ' ' || after == '\t' ||
+		        after == '('))
+			return true;
+		p = hit + idlen;
+	}
+	return false;
+}
+
+bool
+hdr_is_looped(const struct http_request *req)
+{
+	size_t i, total = 0;
+
+	if (req == NULL || hdr_via_id_len == 0)
+		return false;
+	for (i = 0; i < req->hr_nheaders; i++) {
+		const struct http_header *h = &req->hr_headers[i];
+
+		if (!hdr_eq(h->hh_name, h->hh_name_len, "via"))
+			continue;
+		if (hdr_via_has(h->hh_value, h->hh_value_len, hdr_via_id,
+		        hdr_via_id_len))
+			return true;
+		total += h->hh_value_len + 2;
+	}
+	/* A chain too long to extend is a loop among other proxies. */
+	return total + hdr_via_id_len + 8 > HDR_VIA_MAX;
+}
+
 bool
 hdr_is_hop_by_hop(const char *name, size_t len)
 {
@@ -97,12 +185,42 @@ hdr_is_forwarded(const char *name, size_t len)
 	    strncasecmp(name, prefix, sizeof(prefix) - 1) == 0;
 }
 
+/*
+ * The client's Via values joined with ", ", then ours; 0 when they do not
+ * fit (hdr_is_looped refuses such a request before it gets here).
+ */
+static size_t
+hdr_via_value(const struct http_request *req, char *buf, size_t len)
+{
+	size_t i, n = 0;
+	int w;
+
+	for (i = 0; req != NULL && i < req->hr_nheaders; i++) {
+		const struct http_header *h = &req->hr_headers[i];
+
+		if (!hdr_eq(h->hh_name, h->hh_name_len, "via") ||
+		    h->hh_value_len == 0 ||
+		    !hdr_value_ok(h->hh_value, h->hh_value_len))
+			continue;
+		if (n + h->hh_value_len + 2 >= len)
+			return 0;
+		memcpy(buf + n, h->hh_value, h->hh_value_len);
+		n += h->hh_value_len;
+		memcpy(buf + n, ", ", 2);
+		n += 2;
+	}
+	w = snprintf(buf + n, len - n, "1.1 %s", hdr_via_id);
+	if (w < 0 || (size_t)w >= len - n)
+		return 0;
+	return n + (size_t)w;
+}
+
 size_t
 hdr_upstream(const struct http_request *req, const char *request_id,
     const char *worker_api_key, bool json_body, char *authbuf, size_t authlen,
     struct upstream_header *out, size_t max)
 {
-	size_t i, n = 0;
+	size_t i, n = 0, vlen;
 	bool have_auth = false;
 	int w;
 
@@ -134,6 +252,14 @@ hdr_upstream(const struct http_request *req, const char *request_id,
 			out[n].uh_value_len = (size_t)w;
 			n++;
 		}
+	}
+	if (hdr_via_id_len > 0 && n < max &&
+	    (vlen = hdr_via_value(req, hdr_via_buf, sizeof(hdr_via_buf))) > 0) {
+		out[n].uh_name = "via";
+		out[n].uh_name_len = strlen("via");
+		out[n].uh_value = hdr_via_buf;
+		out[n].uh_value_len = vlen;
+		n++;
 	}
 	if (request_id != NULL && n < max) {
 		out[n].uh_name = "x-request-id";

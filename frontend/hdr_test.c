@@ -129,6 +129,92 @@ test_upstream_worker_key(void **state)
 	http_reader_free(r);
 }
 
+/*
+ * Via: ours appended to the client's list; a request listing our hop id
+ * (directly, or after other proxies) is a loop; other ids are not.
+ */
+static void
+test_via_loop(void **state)
+{
+	const struct http_request *req;
+	struct http_reader *r;
+	struct upstream_header h[HDR_UPSTREAM_MAX];
+	struct config cf;
+	char auth[64], ours[64], raw[4096], other[64], big[HDR_VIA_MAX + 64];
+	const struct upstream_header *v;
+	size_t n;
+
+	(void)state;
+	memset(&cf, 0, sizeof(cf));
+	cf.cf_host = "127.0.0.1";
+	cf.cf_port = 30001;
+	cf.cf_run_dir = "/tmp/smg-a";
+	hdr_init(&cf);
+	snprintf(other, sizeof(other), "%s", hdr_via_token());
+	cf.cf_port = 30000;
+	hdr_init(&cf);
+	assert_string_not_equal(other, hdr_via_token());
+	assert_int_equal(strncmp(hdr_via_token(), "smg-c-", 6), 0);
+	assert_int_equal(strlen(hdr_via_token()), 6 + 16);
+	snprintf(ours, sizeof(ours), "1.1 %s", hdr_via_token());
+
+	/* No Via: ours alone; not a loop. */
+	r = parse("POST /generate HTTP/1.1\r\nHost: gw\r\n"
+	          "Content-Length: 2\r\n\r\n{}",
+	    &req);
+	assert_false(hdr_is_looped(req));
+	n = hdr_upstream(req, "id", "", true, auth, sizeof(auth), h,
+	    HDR_UPSTREAM_MAX);
+	assert_non_null(v = find(h, n, "via"));
+	assert_true(value_is(v, ours));
+	http_reader_free(r);
+
+	/* Another proxy's Via is kept in front of ours. */
+	snprintf(raw, sizeof(raw),
+	    "GET /v1/models HTTP/1.1\r\nHost: gw\r\nVia: 1.0 fred, 1.1 %s\r\n"
+	    "Via: HTTP/1.1 p3 (comment)\r\n\r\n",
+	    other);
+	r = parse(raw, &req);
+	assert_false(hdr_is_looped(req));
+	n = hdr_upstream(req, "id", "", false, auth, sizeof(auth), h,
+	    HDR_UPSTREAM_MAX);
+	snprintf(raw, sizeof(raw),
+	    "1.0 fred, 1.1 %s, HTTP/1.1 p3 (comment), %s", other, ours);
+	assert_true(value_is(find(h, n, "via"), raw));
+	http_reader_free(r);
+
+	/* Our id anywhere in any Via line: a loop. */
+	snprintf(raw, sizeof(raw),
+	    "GET / HTTP/1.1\r\nHost: gw\r\nVia: 1.0 fred\r\nVia: 1.1 %s, 1.1 "
+	    "%s\r\n\r\n",
+	    other, hdr_via_token());
+	r = parse(raw, &req);
+	assert_true(hdr_is_looped(req));
+	http_reader_free(r);
+	snprintf(raw, sizeof(raw),
+	    "GET / HTTP/1.1\r\nHost: gw\r\nVia: 1.1 %s (smg-c)\r\n\r\n",
+	    hdr_via_token());
+	r = parse(raw, &req);
+	assert_true(hdr_is_looped(req));
+	http_reader_free(r);
+	/* A longer id that starts like ours is someone else. */
+	snprintf(raw, sizeof(raw),
+	    "GET / HTTP/1.1\r\nHost: gw\r\nVia: 1.1 %s0, 1.1 x%s\r\n\r\n",
+	    hdr_via_token(), hdr_via_token());
+	r = parse(raw, &req);
+	assert_false(hdr_is_looped(req));
+	http_reader_free(r);
+
+	/* A chain too long to extend. */
+	memset(big, 'a', sizeof(big));
+	big[sizeof(big) - 1] = '\0';
+	snprintf(raw, sizeof(raw),
+	    "GET / HTTP/1.1\r\nHost: gw\r\nVia: 1.1 %s\r\n\r\n", big);
+	r = parse(raw, &req);
+	assert_true(hdr_is_looped(req));
+	http_reader_free(r);
+}
+
 static void
 test_response_head(void **state)
 {
@@ -186,6 +272,7 @@ main(void)
 		cmocka_unit_test(test_hop_by_hop),
 		cmocka_unit_test(test_upstream_client_auth),
 		cmocka_unit_test(test_upstream_worker_key),
+		cmocka_unit_test(test_via_loop),
 		cmocka_unit_test(test_response_head),
 	};
 

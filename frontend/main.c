@@ -16,6 +16,7 @@
 
 #include "frontend/frontend.h"
 #include "shared/config.h"
+#include "shared/fdlimit.h"
 #include "shared/ipc.h"
 #include "shared/log.h"
 #include "shared/tls.h"
@@ -102,6 +103,7 @@ main(int argc, char *argv[])
 
 	config_load_or_exit(&cf, argc, argv);
 	log_init("smg-frontend", cf.cf_log_level);
+	(void)fdlimit_raise();
 	signal(SIGPIPE, SIG_IGN);
 	srandom((unsigned)time(NULL) ^ (unsigned)getpid());
 
@@ -118,6 +120,7 @@ main(int argc, char *argv[])
 		fatalx("%s: no free frontend row", __func__);
 	shm_heartbeat(fe->fe_shm, fe->fe_row);
 	stats_init();
+	hdr_init(&cf);
 
 	if (cf.cf_tls_cert_path != NULL &&
 	    (fe->fe_tls = tls_ctx_new_server(cf.cf_tls_cert_path,

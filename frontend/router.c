@@ -12,22 +12,21 @@
 
 #include "frontend/frontend.h"
 #include "shared/log.h"
+#include "shared/secret.h"
 
 static bool
 router_authorized(const struct http_request *hr)
 {
 	const char *key = fe->fe_cf->cf_api_key;
 	const struct http_header *h;
-	size_t klen;
 
 	if (key == NULL || key[0] == '\0')
 		return true;
 	if ((h = http_request_header(hr, "authorization")) == NULL)
 		return false;
-	klen = strlen(key);
-	return h->hh_value_len == klen + 7 &&
+	return h->hh_value_len >= 7 &&
 	    strncasecmp(h->hh_value, "Bearer ", 7) == 0 &&
-	    memcmp(h->hh_value + 7, key, klen) == 0;
+	    secret_equal(key, h->hh_value + 7, h->hh_value_len - 7);
 }
 
 static void
@@ -71,6 +70,12 @@ router_dispatch(struct conn *c, const struct http_request *hr,
 	}
 	if (kind == LISTENER_HEALTH) {
 		conn_error(c, 404, "not_found", "Not found", id, 0);
+		return;
+	}
+	if (hdr_is_looped(hr)) {
+		conn_error(c, 508, "loop_detected",
+		    "Request loop: it already passed through this gateway", id,
+		    0);
 		return;
 	}
 	if (get && strcmp(path, "/v1/models") == 0) {

@@ -30,6 +30,7 @@
 #include <ev.h>
 
 #include "shared/config.h"
+#include "shared/fdlimit.h"
 #include "shared/log.h"
 #include "shared/shm.h"
 #include "shared/xmalloc.h"
@@ -100,6 +101,7 @@ main(int argc, char *argv[])
 
 	log_init("smg", LOG_LEVEL_INFO);
 	config_load_or_exit(&cf, argc, argv);
+	(void)fdlimit_raise();
 	log_setlevel(cf.cf_log_level);
 	signal(SIGPIPE, SIG_IGN);
 

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "shared/config.h"
+#include "shared/fdlimit.h"
 #include "shared/ipc.h"
 #include "shared/log.h"
 #include "shared/tls.h"
@@ -42,6 +43,7 @@ main(int argc, char *argv[])
 
 	log_init("smg-poller", LOG_LEVEL_INFO);
 	config_load_or_exit(&cf, argc, argv);
+	(void)fdlimit_raise();
 	log_setlevel(cf.cf_log_level);
 	signal(SIGPIPE, SIG_IGN);
 

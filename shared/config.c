@@ -7,6 +7,7 @@
  * the cross-flag startup rules of gateway.md §2 and policies.md §14.
  */
 #include "shared/config.h"
+#include "shared/urlallow.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -49,6 +50,7 @@ enum key_check {
 	KC_HEADER,
 	KC_SELECTOR,
 	KC_HTTP_PATH,
+	KC_CIDR,
 };
 
 #define KF_MIN_EXCL 0x01 /* double lower bound is exclusive */
@@ -209,6 +211,10 @@ static const struct config_key config_keys[] = {
 	SECTION("Workers and modes"),
 	LISTV("worker-urls", NULL, cf_worker_urls, NULL, KC_URL, 0, "URL...",
 	    "startup workers (regular mode)"),
+	LISTV("worker-allow-cidr", NULL, cf_worker_allow_cidr, NULL, KC_CIDR, 0,
+	    "CIDR...",
+	    "smg-c: address ranges workers added through the API must resolve "
+	    "into (repeatable; default any)"),
 	SWITCH("pd-disaggregation", NULL, 0, cf_pd_disaggregation,
 	    "prefill/decode disaggregated mode; use --prefill and --decode"),
 	{ .ck_name = "prefill",
@@ -939,6 +945,7 @@ value_check(const struct config_key *k, const char *flag, const char *val,
     char *err, size_t errlen)
 {
 	char why[256];
+	struct urlallow_cidr cidr;
 	const char *eq;
 
 	if (*val == '\0')
@@ -949,6 +956,13 @@ value_check(const struct config_key *k, const char *flag, const char *val,
 	case KC_URL:
 		if (config_check_worker_url(val, why, sizeof(why)) == -1)
 			return cfg_err(err, errlen, "%s: %s", flag, why);
+		break;
+	case KC_CIDR:
+		if (urlallow_cidr_parse(val, &cidr) == -1)
+			return cfg_err(err, errlen,
+			    "%s: invalid address range '%s' (expected "
+			    "ADDR/BITS)",
+			    flag, val);
 		break;
 	case KC_HEADER:
 		if (config_check_header_name(val) == -1)

@@ -101,6 +101,8 @@ struct config {
 	/* Workers and modes (§2.1). */
 	char **cf_worker_urls;
 	size_t cf_worker_urls_n;
+	char **cf_worker_allow_cidr; /* smg-c's own; NULL: any address */
+	size_t cf_worker_allow_cidr_n;
 	bool cf_pd_disaggregation;
 	struct config_endpoint *cf_prefill;
 	size_t cf_prefill_n;

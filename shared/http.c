@@ -58,6 +58,7 @@ struct http_reader {
 	const char *r_fr_pos; /* next framing byte of the current execute */
 	size_t r_fr_line; /* bytes in the current framing line */
 	bool r_fr_cr; /* last framing byte was CR */
+	unsigned r_fr_after_data; /* bytes of the CRLF owed after chunk data */
 
 	int r_err_status;
 	const char *r_err_reason;
@@ -150,6 +151,7 @@ http_reader_reset(struct http_reader *r)
 	r->r_fr_pos = NULL;
 	r->r_fr_line = 0;
 	r->r_fr_cr = false;
+	r->r_fr_after_data = 0;
 	r->r_err_status = 0;
 	r->r_err_reason = NULL;
 	memset(&r->r_req, 0, sizeof(r->r_req));
@@ -526,6 +528,9 @@ check_framing(struct http_reader *r, unsigned minor)
 		return reader_fail(r, 400, "multiple Content-Length headers");
 	if (nhost > 1)
 		return reader_fail(r, 400, "multiple Host headers");
+	/* RFC 9112 §3.2; http-parser does not check it. */
+	if (nhost == 0 && minor > 0)
+		return reader_fail(r, 400, "missing Host header");
 	req->hr_content_length = -1;
 	if (cl != NULL) {
 		if (!digits_only(cl->hh_value, cl->hh_value_len))
@@ -694,8 +699,10 @@ feed_body(struct http_reader *r, const char *data, size_t len, size_t *consumed)
 /*
  * Checks chunked framing bytes (size lines, the CRLF after each chunk's
  * data, trailers) from r_fr_pos up to end: CRLF line ends only, no control
- * characters, bounded line length. http-parser decodes them; this only
- * refuses what it would let through.
+ * characters, bounded line length, and exactly CRLF right after chunk data
+ * (http-parser built without HTTP_PARSER_STRICT, as Debian's is, takes any
+ * two bytes there). http-parser decodes them; this only refuses what it
+ * would let through.
  */
 static int
 scan_framing(struct http_reader *r, const char *end)
@@ -705,6 +712,13 @@ scan_framing(struct http_reader *r, const char *end)
 
 	for (p = r->r_fr_pos; p < end; p++) {
 		c = (unsigned char)*p;
+		if (r->r_fr_after_data > 0) {
+			if (c != (r->r_fr_after_data == 2 ? '\r' : '\n'))
+				return reader_fail(r, 400,
+				    "missing CRLF after chunk data");
+			r->r_fr_after_data--;
+			continue;
+		}
 		if (r->r_fr_cr) {
 			if (c != '\n')
 				return reader_fail(r, 400,
@@ -739,6 +753,10 @@ on_body(http_parser *p, const char *at, size_t len)
 	if (req->hr_chunked && scan_framing(r, at) == -1)
 		return -1;
 	r->r_fr_pos = at + len;
+	/* The pieces of one chunk's data are contiguous, so the next framing
+	 * byte after any piece is the CR that ends the chunk. */
+	if (req->hr_chunked)
+		r->r_fr_after_data = 2;
 	if (len > r->r_lim.hl_max_body_bytes - req->hr_body_total) {
 		reader_fail(r, 413, "request body too large");
 		return -1;

@@ -5,7 +5,8 @@
  * reset between them) twice: in one piece and in pieces whose sizes come
  * from the input's first byte. Both readings must agree (same statuses,
  * paths, bodies, bytes consumed unless it failed) and every parsed request must
- * satisfy the reader's contract; any disagreement aborts. Error responses are
+ * satisfy the reader's contract (among others: an HTTP/1.1 request has a
+ * Host header); any disagreement aborts. Error responses are
  * also built from the input to exercise the writer.
  *
  * libFuzzer (clang):
@@ -64,6 +65,9 @@ check_request(const struct http_request *q, const struct http_limits *lim)
 	    q->hr_method_str == NULL)
 		abort();
 	if (q->hr_chunked && q->hr_content_length != -1)
+		abort();
+	/* HTTP/1.1 is accepted only with a Host header (RFC 9112 §3.2). */
+	if (q->hr_http_minor == 1 && http_request_header(q, "host") == NULL)
 		abort();
 	for (i = 0; i < q->hr_nheaders; i++) {
 		const struct http_header *h = &q->hr_headers[i];
@@ -186,20 +190,27 @@ static const char *const seeds[] = {
 	"POST /v1/chat/completions HTTP/1.1\r\nHost: a\r\n"
 	"Content-Length: 17\r\nExpect: "
 	"100-continue\r\n\r\n{\"model\":\"m\",\"a\"}",
-	"POST /generate HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
-	"4;ext=1\r\nWiki\r\n5\r\npedia\r\n0\r\nTrailer: t\r\n\r\n",
+	"POST /generate HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n"
+	"\r\n4;ext=1\r\nWiki\r\n5\r\npedia\r\n0\r\nTrailer: t\r\n\r\n",
 	"GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"
-	"GET http://h:1/p?q#f HTTP/1.1\r\n\r\n",
-	"POST /a HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc"
-	"POST /b HTTP/1.1\r\nTransfer-Encoding: "
+	"GET http://h:1/p?q#f HTTP/1.1\r\nHost: h:1\r\n\r\n",
+	"POST /a HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\nabc"
+	"POST /b HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: "
 	"chunked\r\n\r\n1\r\nz\r\n0\r\n\r\n",
-	"OPTIONS * HTTP/1.1\r\nX-Smg-Routing-Key: k\r\n\r\n",
+	"OPTIONS * HTTP/1.1\r\nHost: a\r\nX-Smg-Routing-Key: k\r\n\r\n",
+	/* Refused: HTTP/1.1 without Host; chunk data not followed by CRLF. */
+	"GET /v1/models HTTP/1.1\r\nAccept: */*\r\n\r\n",
+	"POST /generate HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n"
+	"\r\n8\r\nabcdefghXY0\r\n\r\n",
+	"POST /generate HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n"
+	"\r\n3\r\nabc\r\n2\r\nde\n\n0\r\n\r\n",
 };
 
 static const char *const tokens[] = { "\r\n", "\n", "\r", " ", "\t", ":",
 	"\r\n\r\n", "0\r\n\r\n", "Content-Length: 5\r\n",
 	"Transfer-Encoding: chunked\r\n", "ffffffff", ";", "\0", "HTTP/1.1",
-	"?", "#", "Connection: close\r\n", "Upgrade: x\r\n" };
+	"?", "#", "Connection: close\r\n", "Upgrade: x\r\n", "Host: h\r\n",
+	"XY", "\r\n0\r\n" };
 
 static uint64_t rng;
 

@@ -53,7 +53,8 @@ expect_error_lim(const struct http_limits *lim, const char *s, int status)
 	assert_int_equal(http_reader_error(r, &reason), status);
 	assert_non_null(reason);
 	/* Once failed, it stays failed. */
-	assert_int_equal(feed_all(r, "GET / HTTP/1.1\r\n\r\n", 18, NULL),
+	assert_int_equal(
+	    feed_all(r, "GET / HTTP/1.1\r\nHost: h\r\n\r\n", 18, NULL),
 	    HTTP_READ_ERROR);
 	http_reader_free(r);
 }
@@ -124,49 +125,50 @@ test_target_forms(void **state)
 	const struct http_request *q;
 
 	(void)state;
-	r = parse_ok("GET /plain HTTP/1.1\r\n\r\n");
+	r = parse_ok("GET /plain HTTP/1.1\r\nHost: h\r\n\r\n");
 	q = http_reader_request(r);
 	assert_string_equal(q->hr_path, "/plain");
 	assert_string_equal(q->hr_query, "");
 	assert_false(q->hr_has_query);
 	http_reader_free(r);
 
-	r = parse_ok("GET /p? HTTP/1.1\r\n\r\n");
+	r = parse_ok("GET /p? HTTP/1.1\r\nHost: h\r\n\r\n");
 	q = http_reader_request(r);
 	assert_string_equal(q->hr_path, "/p");
 	assert_true(q->hr_has_query);
 	assert_int_equal(q->hr_query_len, 0);
 	http_reader_free(r);
 
-	r = parse_ok("GET http://host:8080/a/b?x=1 HTTP/1.1\r\n\r\n");
+	r = parse_ok(
+	    "GET http://host:8080/a/b?x=1 HTTP/1.1\r\nHost: h\r\n\r\n");
 	q = http_reader_request(r);
 	assert_string_equal(q->hr_path, "/a/b");
 	assert_string_equal(q->hr_query, "x=1");
 	http_reader_free(r);
 
-	r = parse_ok("GET http://host HTTP/1.1\r\n\r\n");
+	r = parse_ok("GET http://host HTTP/1.1\r\nHost: h\r\n\r\n");
 	assert_string_equal(http_reader_request(r)->hr_path, "/");
 	http_reader_free(r);
 
-	r = parse_ok("OPTIONS * HTTP/1.1\r\n\r\n");
+	r = parse_ok("OPTIONS * HTTP/1.1\r\nHost: h\r\n\r\n");
 	assert_string_equal(http_reader_request(r)->hr_path, "*");
 	http_reader_free(r);
 
 	/* Leading empty lines before a request are ignored. */
-	r = parse_ok("\r\n\r\nGET /x HTTP/1.1\r\n\r\n");
+	r = parse_ok("\r\n\r\nGET /x HTTP/1.1\r\nHost: h\r\n\r\n");
 	assert_string_equal(http_reader_request(r)->hr_path, "/x");
 	http_reader_free(r);
 
-	expect_error("GET * HTTP/1.1\r\n\r\n", 400);
-	expect_error("GET abc HTTP/1.1\r\n\r\n", 400);
-	expect_error("GET ://x HTTP/1.1\r\n\r\n", 400);
-	expect_error("GET  /two-spaces HTTP/1.1\r\n\r\n", 400);
-	expect_error("GET /a b HTTP/1.1\r\n\r\n", 400);
-	expect_error("GET /\x01 HTTP/1.1\r\n\r\n", 400);
-	expect_error("GET /\xc3\xa9 HTTP/1.1\r\n\r\n", 400);
+	expect_error("GET * HTTP/1.1\r\nHost: h\r\n\r\n", 400);
+	expect_error("GET abc HTTP/1.1\r\nHost: h\r\n\r\n", 400);
+	expect_error("GET ://x HTTP/1.1\r\nHost: h\r\n\r\n", 400);
+	expect_error("GET  /two-spaces HTTP/1.1\r\nHost: h\r\n\r\n", 400);
+	expect_error("GET /a b HTTP/1.1\r\nHost: h\r\n\r\n", 400);
+	expect_error("GET /\x01 HTTP/1.1\r\nHost: h\r\n\r\n", 400);
+	expect_error("GET /\xc3\xa9 HTTP/1.1\r\nHost: h\r\n\r\n", 400);
 	expect_error("GET /\r\n\r\n", 400);
-	expect_error("G(T / HTTP/1.1\r\n\r\n", 400);
-	expect_error("CONNECT host:443 HTTP/1.1\r\n\r\n", 501);
+	expect_error("G(T / HTTP/1.1\r\nHost: h\r\n\r\n", 400);
+	expect_error("CONNECT host:443 HTTP/1.1\r\nHost: h\r\n\r\n", 501);
 }
 
 static void
@@ -195,20 +197,20 @@ test_keep_alive(void **state)
 	assert_true(http_reader_request(r)->hr_keep_alive);
 	http_reader_free(r);
 
-	r = parse_ok("GET / HTTP/1.1\r\nConnection: close\r\n\r\n");
+	r = parse_ok("GET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n");
 	assert_false(http_reader_request(r)->hr_keep_alive);
 	http_reader_free(r);
 
-	r = parse_ok("GET / HTTP/1.1\r\n\r\n");
+	r = parse_ok("GET / HTTP/1.1\r\nHost: h\r\n\r\n");
 	assert_true(http_reader_request(r)->hr_keep_alive);
 	http_reader_free(r);
 
 	/* An Upgrade request is read as an ordinary request. */
-	r = parse_ok("GET /u HTTP/1.1\r\nConnection: Upgrade\r\n"
+	r = parse_ok("GET /u HTTP/1.1\r\nHost: h\r\nConnection: Upgrade\r\n"
 	             "Upgrade: websocket\r\n\r\n");
 	assert_string_equal(http_reader_request(r)->hr_path, "/u");
 	http_reader_free(r);
-	r = parse_ok("POST /u HTTP/1.1\r\nConnection: Upgrade\r\n"
+	r = parse_ok("POST /u HTTP/1.1\r\nHost: h\r\nConnection: Upgrade\r\n"
 	             "Upgrade: h2c\r\nContent-Length: 2\r\n\r\nhi");
 	assert_string_equal(http_reader_request(r)->hr_body, "hi");
 	http_reader_free(r);
@@ -221,7 +223,7 @@ test_post_content_length(void **state)
 	const struct http_request *q;
 
 	(void)state;
-	r = parse_ok("POST /v1/chat/completions HTTP/1.1\r\n"
+	r = parse_ok("POST /v1/chat/completions HTTP/1.1\r\nHost: h\r\n"
 	             "Content-Length: 13\r\n"
 	             "Content-Type: application/json\r\n"
 	             "\r\n"
@@ -234,7 +236,7 @@ test_post_content_length(void **state)
 	assert_int_equal(q->hr_body_total, 13);
 	http_reader_free(r);
 
-	r = parse_ok("POST / HTTP/1.1\r\nContent-Length: 0\r\n\r\n");
+	r = parse_ok("POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 0\r\n\r\n");
 	assert_int_equal(http_reader_request(r)->hr_body_len, 0);
 	http_reader_free(r);
 }
@@ -246,7 +248,7 @@ test_chunked(void **state)
 	const struct http_request *q;
 
 	(void)state;
-	r = parse_ok("POST /generate HTTP/1.1\r\n"
+	r = parse_ok("POST /generate HTTP/1.1\r\nHost: h\r\n"
 	             "Transfer-Encoding: chunked\r\n"
 	             "\r\n"
 	             "4\r\nWiki\r\n"
@@ -262,8 +264,9 @@ test_chunked(void **state)
 	assert_memory_equal(q->hr_body, "Wikipedia in\r\n\r\nchunk", 21);
 	http_reader_free(r);
 
-	r = parse_ok("POST / HTTP/1.1\r\nTransfer-Encoding: Chunked\r\n\r\n"
-	             "0\r\n\r\n");
+	r = parse_ok(
+	    "POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: Chunked\r\n\r\n"
+	    "0\r\n\r\n");
 	assert_int_equal(http_reader_request(r)->hr_body_len, 0);
 	http_reader_free(r);
 }
@@ -271,11 +274,12 @@ test_chunked(void **state)
 static void
 test_pipelined(void **state)
 {
-	const char *two = "POST /a HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc"
-	                  "GET /b HTTP/1.1\r\n\r\n"
-	                  "POST /c HTTP/1.1\r\nTransfer-Encoding: chunked\r\n"
-	                  "\r\n1\r\nz\r\n0\r\n\r\n"
-	                  "GET /d";
+	const char *two =
+	    "POST /a HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\n\r\nabc"
+	    "GET /b HTTP/1.1\r\nHost: h\r\n\r\n"
+	    "POST /c HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n"
+	    "\r\n1\r\nz\r\n0\r\n\r\n"
+	    "GET /d";
 	struct http_reader *r;
 	const struct http_request *q;
 	size_t off = 0, used, len = strlen(two);
@@ -287,7 +291,7 @@ test_pipelined(void **state)
 	assert_string_equal(q->hr_path, "/a");
 	assert_string_equal(q->hr_body, "abc");
 	off += used;
-	assert_int_equal(off, 42);
+	assert_int_equal(off, 51);
 
 	http_reader_reset(r);
 	assert_null(http_reader_request(r));
@@ -310,7 +314,7 @@ test_pipelined(void **state)
 	assert_int_equal(feed_all(r, two + off, len - off, &used),
 	    HTTP_READ_AGAIN);
 	assert_int_equal(off + used, len);
-	assert_int_equal(feed_all(r, " HTTP/1.1\r\n\r\n", 13, &used),
+	assert_int_equal(feed_all(r, " HTTP/1.1\r\nHost: h\r\n\r\n", 22, &used),
 	    HTTP_READ_DONE);
 	assert_string_equal(http_reader_request(r)->hr_path, "/d");
 	/* DONE repeats until reset, consuming nothing. */
@@ -361,16 +365,17 @@ test_byte_by_byte(void **state)
 	byte_by_byte("POST /x HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\n\r\n"
 	             "hello",
 	    "/x", "hello", 5);
-	byte_by_byte("POST /y HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
-	             "3;e=1\r\nabc\r\n2\r\nde\r\n0\r\nT: v\r\n\r\n",
+	byte_by_byte(
+	    "POST /y HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
+	    "3;e=1\r\nabc\r\n2\r\nde\r\n0\r\nT: v\r\n\r\n",
 	    "/y", "abcde", 5);
-	byte_by_byte("GET /z HTTP/1.1\r\n\r\n", "/z", "", 0);
+	byte_by_byte("GET /z HTTP/1.1\r\nHost: h\r\n\r\n", "/z", "", 0);
 }
 
 static void
 test_expect_continue(void **state)
 {
-	const char *head = "POST /v1/completions HTTP/1.1\r\n"
+	const char *head = "POST /v1/completions HTTP/1.1\r\nHost: h\r\n"
 	                   "Content-Length: 4\r\n"
 	                   "Expect: 100-continue\r\n\r\n";
 	struct http_reader *r;
@@ -390,7 +395,7 @@ test_expect_continue(void **state)
 	assert_string_equal(http_reader_request(r)->hr_body, "abcd");
 	http_reader_free(r);
 
-	expect_error("POST / HTTP/1.1\r\nExpect: something-else\r\n"
+	expect_error("POST / HTTP/1.1\r\nHost: h\r\nExpect: something-else\r\n"
 	             "Content-Length: 1\r\n\r\nx",
 	    417);
 }
@@ -407,43 +412,44 @@ test_limits(void **state)
 
 	(void)state;
 	/* Declared body over the limit: 413 before any body byte. */
-	expect_error_lim(&lim, "POST / HTTP/1.1\r\nContent-Length: 11\r\n\r\n",
-	    413);
 	expect_error_lim(&lim,
-	    "POST / HTTP/1.1\r\nContent-Length: "
+	    "POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 11\r\n\r\n", 413);
+	expect_error_lim(&lim,
+	    "POST / HTTP/1.1\r\nHost: h\r\nContent-Length: "
 	    "99999999999999999999999\r\n\r\n",
 	    413);
 	/* Chunked body growing over the limit. */
 	expect_error_lim(&lim,
-	    "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+	    "POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
 	    "6\r\nabcdef\r\n5\r\nghijk\r\n0\r\n\r\n",
 	    413);
 	/* Exactly at the limit is fine. */
 	assert_non_null(r = http_reader_new(&lim));
-	assert_int_equal(feed_all(r,
-	                     "POST / HTTP/1.1\r\nContent-Length: 10\r\n\r\n"
-	                     "0123456789",
-	                     49, &n),
+	assert_int_equal(
+	    feed_all(r,
+	        "POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 10\r\n\r\n"
+	        "0123456789",
+	        58, &n),
 	    HTTP_READ_DONE);
 	http_reader_free(r);
 
 	/* Header block too large, with and without its end in sight. */
 	memset(big, 'a', sizeof(big));
-	memcpy(big, "GET / HTTP/1.1\r\nX: ", 19);
+	memcpy(big, "GET / HTTP/1.1\r\nHost: h\r\nX: ", 28);
 	memcpy(big + sizeof(big) - 5, "\r\n\r\n", 5);
 	expect_error_lim(&lim, big, 431);
 	big[300] = '\0';
 	expect_error_lim(&lim, big, 431);
 	/* Too many header lines. */
 	expect_error_lim(&lim,
-	    "GET / HTTP/1.1\r\nA: 1\r\nB: 2\r\nC: 3\r\nD: 4\r\nE: 5\r\n\r\n",
+	    "GET / HTTP/1.1\r\nHost: h\r\nA: 1\r\nB: 2\r\nC: 3\r\nD: "
+	    "4\r\n\r\n",
 	    431);
 	assert_non_null(r = http_reader_new(&lim));
-	assert_int_equal(
-	    feed_all(r,
-	        "GET / HTTP/1.1\r\nA: 1\r\nB: 2\r\nC: 3\r\nD: 4\r\n"
-	        "\r\n",
-	        46, &n),
+	assert_int_equal(feed_all(r,
+	                     "GET / HTTP/1.1\r\nHost: h\r\nA: 1\r\nB: 2\r\nC: "
+	                     "3\r\n\r\n",
+	                     45, &n),
 	    HTTP_READ_DONE);
 	assert_int_equal(http_reader_request(r)->hr_nheaders, 4);
 	http_reader_free(r);
@@ -455,7 +461,7 @@ test_limits(void **state)
 
 		assert_non_null(huge);
 		memset(huge, 'b', len);
-		memcpy(huge, "GET / HTTP/1.1\r\nX: ", 19);
+		memcpy(huge, "GET / HTTP/1.1\r\nHost: h\r\nX: ", 19);
 		memcpy(huge + len - 4, "\r\n\r\n", 4);
 		huge[len] = '\0';
 		expect_error(huge, 431);
@@ -468,36 +474,49 @@ test_smuggling_framing(void **state)
 {
 	(void)state;
 	/* Content-Length and Transfer-Encoding together. */
-	expect_error("POST / HTTP/1.1\r\nContent-Length: 5\r\n"
+	expect_error("POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\n"
 	             "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
 	    400);
-	expect_error("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n"
-	             "Content-Length: 5\r\n\r\n0\r\n\r\n",
+	expect_error(
+	    "POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n"
+	    "Content-Length: 5\r\n\r\n0\r\n\r\n",
 	    400);
 	/* Several Content-Length, even equal. */
-	expect_error("POST / HTTP/1.1\r\nContent-Length: 3\r\n"
+	expect_error("POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\n"
 	             "Content-Length: 3\r\n\r\nabc",
 	    400);
-	expect_error("POST / HTTP/1.1\r\nContent-Length: 3, 3\r\n\r\nabc", 400);
-	expect_error("POST / HTTP/1.1\r\nContent-Length: +3\r\n\r\nabc", 400);
-	expect_error("POST / HTTP/1.1\r\nContent-Length: -1\r\n\r\n", 400);
-	expect_error("POST / HTTP/1.1\r\nContent-Length: 0x3\r\n\r\nabc", 400);
-	expect_error("POST / HTTP/1.1\r\nContent-Length:\r\n\r\n", 400);
+	expect_error(
+	    "POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 3, 3\r\n\r\nabc",
+	    400);
+	expect_error(
+	    "POST / HTTP/1.1\r\nHost: h\r\nContent-Length: +3\r\n\r\nabc", 400);
+	expect_error("POST / HTTP/1.1\r\nHost: h\r\nContent-Length: -1\r\n\r\n",
+	    400);
+	expect_error(
+	    "POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 0x3\r\n\r\nabc",
+	    400);
+	expect_error("POST / HTTP/1.1\r\nHost: h\r\nContent-Length:\r\n\r\n",
+	    400);
 	/* Transfer codings other than exactly chunked. */
-	expect_error("POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n"
-	             "\r\n0\r\n\r\n",
+	expect_error(
+	    "POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: gzip, chunked\r\n"
+	    "\r\n0\r\n\r\n",
 	    501);
-	expect_error("POST / HTTP/1.1\r\nTransfer-Encoding: chunked, "
-	             "chunked\r\n\r\n0\r\n\r\n",
+	expect_error(
+	    "POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked, "
+	    "chunked\r\n\r\n0\r\n\r\n",
 	    501);
-	expect_error("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n"
-	             "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+	expect_error(
+	    "POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n"
+	    "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
 	    501);
-	expect_error("POST / HTTP/1.1\r\nTransfer-Encoding: xchunked\r\n"
-	             "\r\n0\r\n\r\n",
+	expect_error(
+	    "POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: xchunked\r\n"
+	    "\r\n0\r\n\r\n",
 	    501);
-	expect_error("POST / HTTP/1.1\r\nTransfer-Encoding: identity\r\n"
-	             "\r\n",
+	expect_error(
+	    "POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: identity\r\n"
+	    "\r\n",
 	    501);
 	/* Transfer-Encoding in HTTP/1.0. */
 	expect_error("POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n"
@@ -512,8 +531,10 @@ test_smuggling_lines(void **state)
 {
 	(void)state;
 	/* obs-fold, also right after the request line. */
-	expect_error("GET / HTTP/1.1\r\nX-A: 1\r\n  folded\r\n\r\n", 400);
-	expect_error("GET / HTTP/1.1\r\nX-A: 1\r\n\tfolded\r\n\r\n", 400);
+	expect_error("GET / HTTP/1.1\r\nHost: h\r\nX-A: 1\r\n  folded\r\n\r\n",
+	    400);
+	expect_error("GET / HTTP/1.1\r\nHost: h\r\nX-A: 1\r\n\tfolded\r\n\r\n",
+	    400);
 	expect_error("GET / HTTP/1.1\r\n Host: a\r\n\r\n", 400);
 	/* Bare LF and bare CR line ends. */
 	expect_error("GET / HTTP/1.1\nHost: a\r\n\r\n", 400);
@@ -522,15 +543,16 @@ test_smuggling_lines(void **state)
 	expect_error("GET / HTTP/1.1\r\nHost: a\rX: b\r\n\r\n", 400);
 	expect_error("GET / HTTP/1.1\r\nHost: a\r\r\n\r\n", 400);
 	/* NUL and control characters in names and values. */
-	expect_error("GET / HTTP/1.1\r\nX-A: a\x01"
+	expect_error("GET / HTTP/1.1\r\nHost: h\r\nX-A: a\x01"
 	             "b\r\n\r\n",
 	    400);
-	expect_error("GET / HTTP/1.1\r\nX-A: a\x7f\r\n\r\n", 400);
-	expect_error("GET / HTTP/1.1\r\nX\x01"
+	expect_error("GET / HTTP/1.1\r\nHost: h\r\nX-A: a\x7f\r\n\r\n", 400);
+	expect_error("GET / HTTP/1.1\r\nHost: h\r\nX\x01"
 	             "A: a\r\n\r\n",
 	    400);
 	{
-		static const char nul[] = "GET / HTTP/1.1\r\nX-A: a\0b\r\n\r\n";
+		static const char nul[] =
+		    "GET / HTTP/1.1\r\nHost: h\r\nX-A: a\0b\r\n\r\n";
 		struct http_reader *r = http_reader_new(NULL);
 
 		assert_int_equal(feed_all(r, nul, sizeof(nul) - 1, NULL),
@@ -539,18 +561,20 @@ test_smuggling_lines(void **state)
 		http_reader_free(r);
 	}
 	/* Names: whitespace before the colon, empty, not a token. */
-	expect_error("GET / HTTP/1.1\r\nHost : a\r\n\r\n", 400);
-	expect_error("POST / HTTP/1.1\r\nContent-Length : 3\r\n\r\nabc", 400);
-	expect_error("GET / HTTP/1.1\r\n: a\r\n\r\n", 400);
-	expect_error("GET / HTTP/1.1\r\nX(A): a\r\n\r\n", 400);
-	expect_error("GET / HTTP/1.1\r\nno colon\r\n\r\n", 400);
+	expect_error("GET / HTTP/1.1\r\nHost: h\r\nHost : a\r\n\r\n", 400);
+	expect_error(
+	    "POST / HTTP/1.1\r\nHost: h\r\nContent-Length : 3\r\n\r\nabc", 400);
+	expect_error("GET / HTTP/1.1\r\nHost: h\r\n: a\r\n\r\n", 400);
+	expect_error("GET / HTTP/1.1\r\nHost: h\r\nX(A): a\r\n\r\n", 400);
+	expect_error("GET / HTTP/1.1\r\nHost: h\r\nno colon\r\n\r\n", 400);
 	/* A header value may carry obs-text and tabs. */
 	{
 		struct http_reader *r =
-		    parse_ok("GET / HTTP/1.1\r\nX-A: caf\xc3\xa9\tok\r\n\r\n");
+		    parse_ok("GET / HTTP/1.1\r\nHost: h\r\nX-A: "
+		             "caf\xc3\xa9\tok\r\n\r\n");
 
 		assert_string_equal(
-		    http_reader_request(r)->hr_headers[0].hh_value,
+		    http_reader_request(r)->hr_headers[1].hh_value,
 		    "caf\xc3\xa9\tok");
 		http_reader_free(r);
 	}
@@ -563,46 +587,117 @@ test_smuggling_chunks(void **state)
 	char req[sizeof(ext) + 100];
 
 	(void)state;
-	expect_error("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
-	             "zz\r\nab\r\n0\r\n\r\n",
+	expect_error(
+	    "POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
+	    "zz\r\nab\r\n0\r\n\r\n",
 	    400);
-	expect_error("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
-	             "-1\r\nab\r\n0\r\n\r\n",
+	expect_error(
+	    "POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
+	    "-1\r\nab\r\n0\r\n\r\n",
 	    400);
-	expect_error("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
-	             "fffffffffffffffffffff\r\nab\r\n0\r\n\r\n",
+	expect_error(
+	    "POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
+	    "fffffffffffffffffffff\r\nab\r\n0\r\n\r\n",
 	    400);
 	/* Bare LF / bare CR in the framing. */
-	expect_error("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
-	             "2\nab\r\n0\r\n\r\n",
+	expect_error(
+	    "POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
+	    "2\nab\r\n0\r\n\r\n",
 	    400);
-	expect_error("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
-	             "2\r\nab\n0\r\n\r\n",
+	expect_error(
+	    "POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
+	    "2\r\nab\n0\r\n\r\n",
 	    400);
-	expect_error("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
-	             "2\r\nab\r\n0\r\n\n",
+	expect_error(
+	    "POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
+	    "2\r\nab\r\n0\r\n\n",
 	    400);
-	expect_error("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
-	             "2;a=\x01\r\nab\r\n0\r\n\r\n",
+	expect_error(
+	    "POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
+	    "2;a=\x01\r\nab\r\n0\r\n\r\n",
 	    400);
 	/* Data longer than its chunk size. */
-	expect_error("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
-	             "2\r\nabc\r\n0\r\n\r\n",
+	expect_error(
+	    "POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
+	    "2\r\nabc\r\n0\r\n\r\n",
 	    400);
 	/* Extension abuse: an over-long chunk line. */
 	memset(ext, 'e', sizeof(ext));
 	ext[sizeof(ext) - 1] = '\0';
 	snprintf(req, sizeof(req),
-	    "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+	    "POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
 	    "2;%s\r\nab\r\n0\r\n\r\n",
 	    ext);
 	expect_error(req, 400);
 }
 
+/* The CRLF after chunk data is exactly CRLF, fed whole or byte by byte. */
+static void
+test_chunk_data_crlf(void **state)
+{
+	char req[512], data[73];
+	struct http_reader *r;
+	size_t i, n;
+	enum http_read_status st = HTTP_READ_AGAIN;
+
+	(void)state;
+	memset(data, 'a', 72);
+	data[72] = '\0';
+	snprintf(req, sizeof(req),
+	    "POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n"
+	    "\r\n48\r\n%sXY0\r\n\r\n",
+	    data);
+	expect_error(req, 400);
+	/* One byte of the two wrong, either one. */
+	expect_error("POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: "
+	             "chunked\r\n\r\n2\r\nabX\n0\r\n\r\n",
+	    400);
+	expect_error("POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: "
+	             "chunked\r\n\r\n2\r\nab\rX0\r\n\r\n",
+	    400);
+	/* Byte by byte, the missing CRLF is still seen. */
+	assert_non_null(r = http_reader_new(NULL));
+	for (i = 0; i < strlen(req); i += n) {
+		st = http_reader_feed(r, req + i, 1, &n);
+		if (st == HTTP_READ_ERROR || st == HTTP_READ_DONE)
+			break;
+	}
+	assert_int_equal(st, HTTP_READ_ERROR);
+	assert_int_equal(http_reader_error(r, NULL), 400);
+	http_reader_free(r);
+	/* The well-formed request parses. */
+	snprintf(req, sizeof(req),
+	    "POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n"
+	    "\r\n48\r\n%s\r\n0\r\n\r\n",
+	    data);
+	r = parse_ok(req);
+	assert_int_equal(http_reader_request(r)->hr_body_len, 72);
+	http_reader_free(r);
+}
+
+/* HTTP/1.1 needs Host (RFC 9112 §3.2); HTTP/1.0 does not. */
+static void
+test_host_required(void **state)
+{
+	struct http_reader *r;
+
+	(void)state;
+	expect_error("GET / HTTP/1.1\r\n\r\n", 400);
+	expect_error("POST / HTTP/1.1\r\nContent-Length: 0\r\n\r\n", 400);
+	r = parse_ok("GET / HTTP/1.0\r\n\r\n");
+	http_reader_free(r);
+	r = parse_ok("GET / HTTP/1.1\r\nHost: h\r\n\r\n");
+	http_reader_free(r);
+	/* An empty Host is allowed (RFC 9112 §3.2, no authority). */
+	r = parse_ok("GET / HTTP/1.1\r\nHost:\r\n\r\n");
+	http_reader_free(r);
+}
+
 static void
 test_stream_body(void **state)
 {
-	const char *head = "POST /x HTTP/1.1\r\nContent-Length: 6\r\n\r\n";
+	const char *head =
+	    "POST /x HTTP/1.1\r\nHost: h\r\nContent-Length: 6\r\n\r\n";
 	struct http_reader *r;
 	size_t n;
 
@@ -636,8 +731,8 @@ test_reset_reuse(void **state)
 	memset(body, 'q', sizeof(body) - 1);
 	body[sizeof(body) - 1] = '\0';
 	len = snprintf(req, sizeof(req),
-	    "POST /r HTTP/1.1\r\nContent-Length: %zu\r\n\r\n%s", strlen(body),
-	    body);
+	    "POST /r HTTP/1.1\r\nHost: h\r\nContent-Length: %zu\r\n\r\n%s",
+	    strlen(body), body);
 	assert_non_null(r = http_reader_new(NULL));
 	for (i = 0; i < 50; i++) {
 		assert_int_equal(feed_all(r, req, (size_t)len, NULL),
@@ -769,6 +864,8 @@ main(void)
 		cmocka_unit_test(test_smuggling_framing),
 		cmocka_unit_test(test_smuggling_lines),
 		cmocka_unit_test(test_smuggling_chunks),
+		cmocka_unit_test(test_chunk_data_crlf),
+		cmocka_unit_test(test_host_required),
 		cmocka_unit_test(test_stream_body),
 		cmocka_unit_test(test_reset_reuse),
 		cmocka_unit_test(test_reason),

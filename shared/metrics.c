@@ -17,6 +17,7 @@
 
 #define METRICS_SPIN_YIELDS 1000 /* then sleep 1 ms per try */
 #define METRICS_SPIN_SLEEPS 1000 /* a registrar that died mid-write */
+#define METRICS_RETIRED     3 /* se_state: hidden, name kept for reuse */
 
 enum metrics_part {
 	METRICS_PART_PLAIN = 0, /* counter, gauge, or a histogram bucket */
@@ -249,8 +250,17 @@ metrics_register(struct shm *shm, enum metrics_kind kind, const char *name)
 		}
 		if (st == 1)
 			st = metrics_wait_ready(&se->se_state);
+		if (st == METRICS_RETIRED && strcmp(se->se_name, name) == 0 &&
+		    se->se_kind == (uint32_t)kind) {
+			/* Registered again: the same slot comes back. */
+			expect = METRICS_RETIRED;
+			(void)atomic_compare_exchange_strong_explicit(
+			    &se->se_state, &expect, 2, memory_order_acq_rel,
+			    memory_order_acquire);
+			return (int)idx;
+		}
 		if (st != 2)
-			continue; /* its registrar died: skip the slot */
+			continue; /* retired, or its registrar died */
 		if (strcmp(se->se_name, name) != 0)
 			continue;
 		if (se->se_kind != (uint32_t)kind) {
@@ -300,6 +310,24 @@ metrics_series(struct shm *shm, enum metrics_kind kind, const char *family,
 		return -1;
 	}
 	return metrics_register(shm, kind, name);
+}
+
+void
+metrics_retire(struct shm *shm, int series)
+{
+	struct shm_segment *seg;
+	uint32_t expect = 2;
+	int row;
+
+	if (series < 0 || series >= SHM_MAX_SERIES)
+		return;
+	seg = shm_segment(shm);
+	for (row = 0; row < SHM_ROWS; row++)
+		atomic_store_explicit(&seg->sh_values[row][series], 0,
+		    memory_order_relaxed);
+	(void)atomic_compare_exchange_strong_explicit(
+	    &seg->sh_series[series].se_state, &expect, METRICS_RETIRED,
+	    memory_order_acq_rel, memory_order_acquire);
 }
 
 void

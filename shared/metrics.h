@@ -48,6 +48,14 @@ int metrics_series(struct shm *shm, enum metrics_kind kind, const char *family,
  */
 int metrics_labels(char *buf, size_t len, ...);
 void metrics_add(struct shm *shm, int row, int series, int64_t delta);
+/*
+ * Hides a series from /metrics and zeroes it in every row, for a label
+ * value that no longer exists (a model renamed once discovered). The slot
+ * stays taken: registering the same name and kind again brings it back
+ * (at 0) under the same index. Owned-gauge series only: a counter other
+ * processes add to would lose their counts.
+ */
+void metrics_retire(struct shm *shm, int series);
 /* Sets this row's value (gauges owned by one process, e.g. the broker). */
 void metrics_set(struct shm *shm, int row, int series, int64_t value);
 /*

@@ -61,6 +61,36 @@ render(struct shm *shm)
 	return out;
 }
 
+/* A retired series leaves the output; registering it again revives it. */
+static void
+test_retire(void **state)
+{
+	struct fixture *fx = *state;
+	char *out;
+	int g, h;
+
+	g = metrics_series(fx->fx_shm, METRICS_GAUGE, "smg_g", "model=\"u\"");
+	h = metrics_series(fx->fx_shm, METRICS_GAUGE, "smg_g", "model=\"m\"");
+	assert_true(g >= 0 && h >= 0);
+	metrics_set(fx->fx_shm, 0, g, 7);
+	metrics_set(fx->fx_shm, 1, g, 5);
+	metrics_set(fx->fx_shm, 0, h, 3);
+	metrics_retire(fx->fx_shm, g);
+	out = render(fx->fx_shm);
+	assert_null(strstr(out, "model=\"u\""));
+	assert_non_null(strstr(out, "smg_g{model=\"m\"} 3"));
+	free(out);
+	/* Same name again: same index, starting from zero. */
+	assert_int_equal(
+	    metrics_series(fx->fx_shm, METRICS_GAUGE, "smg_g", "model=\"u\""),
+	    g);
+	out = render(fx->fx_shm);
+	assert_non_null(strstr(out, "smg_g{model=\"u\"} 0"));
+	free(out);
+	metrics_retire(fx->fx_shm, -1);
+	metrics_retire(fx->fx_shm, 1 << 20);
+}
+
 static void
 test_counters_summed(void **state)
 {
@@ -409,6 +439,7 @@ main(void)
 		    teardown),
 		cmocka_unit_test_setup_teardown(test_counters_summed, setup,
 		    teardown),
+		cmocka_unit_test_setup_teardown(test_retire, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_float_gauge, setup,
 		    teardown),
 		cmocka_unit_test_setup_teardown(test_names_validated, setup,

@@ -107,7 +107,8 @@ struct shm_row {
 };
 
 struct shm_series {
-	_Atomic uint32_t se_state; /* 0 free, 1 being written, 2 ready */
+	_Atomic uint32_t
+	    se_state; /* 0 free, 1 being written, 2 ready, 3 retired */
 	uint32_t se_kind; /* enum metrics_kind */
 	char se_name[SHM_SERIES_NAME_MAX]; /* family{labels} */
 };

@@ -76,14 +76,15 @@ def sockets_in(path):
 
 
 class Gateway:
-    def __init__(self, tmp_path, args, frontends=1, env=None, command=None):
+    def __init__(self, tmp_path, args, frontends=1, env=None, command=None,
+                 preexec_fn=None, prefix=None):
         self.tmp_path = tmp_path
         self.port = util.free_port()
         self.metrics_port = util.free_port()
         self.run_dir = str(tmp_path / "run")
         self.state_dir = str(tmp_path / "state")
         self.frontends = frontends
-        argv = [util.binary("smg")]
+        argv = list(prefix or []) + [util.binary("smg")]
         if command:
             argv.append(command)
         argv += ["--host", "127.0.0.1", "--port", str(self.port),
@@ -93,7 +94,8 @@ class Gateway:
                  "--frontends", str(frontends)]
         argv += [str(a) for a in args]
         self.argv = argv
-        self.proc = util.Proc("smg", argv, tmp_path, env=env)
+        self.proc = util.Proc("smg", argv, tmp_path, env=env,
+                              preexec_fn=preexec_fn)
         self.stopped = False
 
     # -- HTTP
@@ -221,10 +223,13 @@ class Gateway:
         return False
 
 
-def start_gateway(tmp_path, *args, frontends=1, env=None, command=None):
-    """Starts smg with args; returns once /liveness answers."""
+def start_gateway(tmp_path, *args, frontends=1, env=None, command=None,
+                  preexec_fn=None, prefix=None):
+    """Starts smg with args; returns once /liveness answers. preexec_fn
+    runs in the child before exec (resource limits); prefix is a command
+    the launcher runs under (setpriv)."""
     gw = Gateway(tmp_path, args, frontends=frontends, env=env,
-                 command=command)
+                 command=command, preexec_fn=preexec_fn, prefix=prefix)
     try:
         gw.wait_live()
     except BaseException:

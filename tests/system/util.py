@@ -164,7 +164,7 @@ def valgrind_problems(path):
 class Proc:
     """A started binary whose stdout/stderr go to <tmp>/<name>.log."""
 
-    def __init__(self, name, argv, tmp_path, env=None):
+    def __init__(self, name, argv, tmp_path, env=None, preexec_fn=None):
         self.name = name
         self.argv = argv
         self.log_path = os.path.join(str(tmp_path), f"{name}.log")
@@ -182,7 +182,8 @@ class Proc:
             full_env.update(env)
         self.p = subprocess.Popen(argv, stdout=self._log,
                                   stderr=subprocess.STDOUT, env=full_env,
-                                  start_new_session=True)
+                                  start_new_session=True,
+                                  preexec_fn=preexec_fn)
 
     @property
     def pid(self):
