@@ -42,6 +42,7 @@ skip_under_valgrind = pytest.mark.skipif(
 VALGRIND_SUPP = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                              "valgrind.supp")
 SANITIZER_MARKS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer",
+                   "WARNING: ThreadSanitizer",
                    "runtime error:")
 
 
