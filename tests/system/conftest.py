@@ -57,6 +57,12 @@ def _no_process_left(request):
             left = {p for p in left if util.process_alive(p)}
         names = _describe(sorted(left))
         stuck = util.kill_processes(left) if left else []
+        # One more look: a process forked while the others were killed.
+        late = util.processes_of(RUN_ID, test) - set(stuck)
+        if late:
+            left |= late
+            names += "\n" + _describe(sorted(late))
+            stuck += util.kill_processes(late)
         if stuck:
             _session_problems.append(
                 f"{request.node.nodeid}: could not kill:\n{_describe(stuck)}")

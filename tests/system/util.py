@@ -309,12 +309,25 @@ def process_alive(pid):
     return st is not None and st[0] != "Z"
 
 
+_PF_KTHREAD = 0x00200000
+
+
 def _environ_of(pid):
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            raw = f.read()
-    except OSError:
-        return None
+    """A process's environment at its last exec; None if it is gone. A
+    process in the middle of an exec shows an empty one for a moment, so
+    an empty one is read again (kernel threads have none at all)."""
+    for _ in range(50):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                raw = f.read()
+            with open(f"/proc/{pid}/stat") as f:
+                line = f.read()
+        except OSError:
+            return None
+        flags = int(line[line.rfind(")") + 2:].split()[6])
+        if raw or flags & _PF_KTHREAD:
+            break
+        time.sleep(0.01)
     env = {}
     for item in raw.split(b"\0"):
         k, sep, v = item.partition(b"=")
