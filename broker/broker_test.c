@@ -675,8 +675,9 @@ test_admin_validation(void **state)
 		"{\"url\":\"http://q:1\",\"priority\":-1}",
 		"{\"url\":\"http://q:1\",\"models\":[{\"id\":\"\"}]}",
 		"{\"url\":\"http://q:1\",\"overload\":{\"token_usage\":2}}",
-		"{\"url\":\"http://q:1\",\"health\":{\"disable_health_check\":"
-		"\"yes\"}}",
+		/* One string over two lines. */
+		("{\"url\":\"http://q:1\",\"health\":{\"disable_health_check\":"
+		 "\"yes\"}}"),
 	};
 	cJSON *body;
 	size_t i;

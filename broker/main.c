@@ -12,6 +12,7 @@
 #include "shared/config.h"
 #include "shared/fdlimit.h"
 #include "shared/log.h"
+#include "shared/sighup.h"
 #include "shared/urlallow.h"
 #include "shared/xmalloc.h"
 
@@ -169,6 +170,7 @@ main(int argc, char *argv[])
 		fatalx("cannot initialise the event loop");
 	if ((br = server_new(loop, &bs, true)) == NULL)
 		fatalx("startup failed");
+	sighup_ignore(loop);
 	kvindex_broker_bounds(br,
 	    cf.cf_kv_indexer_ttl_secs_set ? (uint64_t)cf.cf_kv_indexer_ttl_secs
 	                                  : 0,

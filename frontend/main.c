@@ -19,6 +19,7 @@
 #include "shared/fdlimit.h"
 #include "shared/ipc.h"
 #include "shared/log.h"
+#include "shared/sighup.h"
 #include "shared/tls.h"
 
 #define FE_CONNECT_TIMEOUT 10.0
@@ -168,6 +169,7 @@ main(int argc, char *argv[])
 	ev_signal_start(loop, &sig_term);
 	ev_signal_init(&sig_int, frontend_sig_cb, SIGINT);
 	ev_signal_start(loop, &sig_int);
+	sighup_ignore(loop);
 	ev_timer_init(&heartbeat_timer, frontend_heartbeat_cb, FE_HEARTBEAT,
 	    FE_HEARTBEAT);
 	ev_timer_start(loop, &heartbeat_timer);

@@ -9,7 +9,8 @@
  * with backoff. SIGTERM/SIGINT stop every child (SIGKILL after 4 s, or
  * after SMG_STOP_SECS from the environment for runs slowed down on purpose,
  * e.g. under valgrind), remove the run dir's sockets, the segment and the
- * run dir, and exit 0. SIGHUP is passed on to the children. Children get
+ * run dir, and exit 0. SIGHUP is a logged no-op here and in every child
+ * (shared/sighup.h), and is not passed on. Children get
  * PR_SET_PDEATHSIG so they never outlive a launcher killed with SIGKILL.
  */
 #include <dirent.h>
@@ -33,6 +34,7 @@
 #include "shared/fdlimit.h"
 #include "shared/log.h"
 #include "shared/shm.h"
+#include "shared/sighup.h"
 #include "shared/xmalloc.h"
 
 #define LAUNCHER_BACKOFF_MIN  0.1 /* first restart delay, s */
@@ -74,7 +76,6 @@ struct launcher {
 	bool l_stopping;
 	ev_signal l_sigterm;
 	ev_signal l_sigint;
-	ev_signal l_sighup;
 	ev_timer l_kill;
 };
 
@@ -151,11 +152,10 @@ main(int argc, char *argv[])
 		fatalx("%s: cannot make the event loop", __func__);
 	ev_signal_init(&l.l_sigterm, launcher_signal_cb, SIGTERM);
 	ev_signal_init(&l.l_sigint, launcher_signal_cb, SIGINT);
-	ev_signal_init(&l.l_sighup, launcher_signal_cb, SIGHUP);
-	l.l_sigterm.data = l.l_sigint.data = l.l_sighup.data = &l;
+	l.l_sigterm.data = l.l_sigint.data = &l;
 	ev_signal_start(l.l_loop, &l.l_sigterm);
 	ev_signal_start(l.l_loop, &l.l_sigint);
-	ev_signal_start(l.l_loop, &l.l_sighup);
+	sighup_ignore(l.l_loop);
 	ev_timer_init(&l.l_kill, launcher_kill_cb, launcher_stop_secs(), 0.);
 	l.l_kill.data = &l;
 
@@ -276,6 +276,8 @@ launcher_spawn(struct child *ch)
 		sigemptyset(&none);
 		sigprocmask(SIG_SETMASK, &none, NULL);
 		signal(SIGPIPE, SIG_DFL);
+		/* Ignored until the child's own no-op watcher is up. */
+		signal(SIGHUP, SIG_IGN);
 		if (prctl(PR_SET_PDEATHSIG, SIGTERM) == -1 ||
 		    getppid() != l->l_pid)
 			_exit(1);
@@ -384,11 +386,6 @@ launcher_signal_cb(struct ev_loop *loop, ev_signal *w, int revents)
 	size_t i;
 
 	(void)revents;
-	if (w->signum == SIGHUP) {
-		log_info("%s: SIGHUP, passing it on", __func__);
-		launcher_signal_all(l, SIGHUP);
-		return;
-	}
 	if (l->l_stopping) {
 		/* Asked twice: do not wait for the stragglers. */
 		log_info("%s: signal %d again, killing", __func__, w->signum);

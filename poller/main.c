@@ -20,6 +20,7 @@
 #include "shared/fdlimit.h"
 #include "shared/ipc.h"
 #include "shared/log.h"
+#include "shared/sighup.h"
 #include "shared/tls.h"
 #include "shared/xmalloc.h"
 
@@ -80,6 +81,7 @@ main(int argc, char *argv[])
 	ev_signal_start(loop, &sigterm);
 	ev_signal_init(&sigint, poller_signal_cb, SIGINT);
 	ev_signal_start(loop, &sigint);
+	sighup_ignore(loop);
 
 	if (cf.cf_disable_health_check)
 		log_info("%s: reporting to %s; health checks disabled",

@@ -1,5 +1,6 @@
 #!/bin/sh
 # Installs every Debian package smg-c needs to build, test and benchmark.
+# Arguments name more packages to install with them (scripts/ci-checks.sh).
 # Idempotent: does nothing (and prints nothing) when all are present.
 set -eu
 
@@ -8,7 +9,7 @@ libev-dev libnng-dev liblmdb-dev libhttp-parser-dev libmbedtls-dev \
 libprotobuf-c-dev protobuf-c-compiler libcmocka-dev libzmq3-dev \
 libmsgpack-dev libnghttp2-dev libcjson-dev libxxhash-dev \
 python3 python3-pytest python3-zmq python3-msgpack \
-wrk nginx-light haproxy curl openssl procps"
+wrk nginx-light haproxy curl openssl procps $*"
 
 missing=""
 for p in $PACKAGES; do

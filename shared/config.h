@@ -6,7 +6,8 @@
  * (spec gateway.md §1-§2, policies.md §14). config_parse() fills a struct
  * config from argv, applies every default, validates each value and the
  * cross-flag startup rules, and then the struct is read-only for the life of
- * the process (a reload parses into a new struct and swaps).
+ * the process. There is no reload: SIGHUP is a logged no-op (sighup.h), and
+ * a changed flag takes a restart.
  *
  * Naming rule: member = "cf_" + the flag's primary long name with '-' turned
  * into '_' (--worker-urls -> cf_worker_urls). Types: switch -> bool,

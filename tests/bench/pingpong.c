@@ -148,7 +148,8 @@ main(int argc, char **argv)
 	pid_t pid;
 
 	log_init("bench-pingpong", LOG_LEVEL_INFO);
-	for (i = 1; i < (size_t)argc; i++) {
+	/* Flag and value pairs. */
+	for (i = 1; i < (size_t)argc; i += 2) {
 		if (i + 1 >= (size_t)argc)
 			usage();
 		if (strcmp(argv[i], "--size") == 0)
@@ -162,7 +163,6 @@ main(int argc, char **argv)
 			    10000000);
 		else
 			usage();
-		i++;
 	}
 
 	signal(SIGPIPE, SIG_IGN);

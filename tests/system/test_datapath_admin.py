@@ -195,8 +195,8 @@ def test_flush_cache_and_get_loads(tmp_path):
             g.stop()
     finally:
         e.stop()
-    for w in (w1, w2):
-        w.stop()
+        for w in (w1, w2):
+            w.stop()
 
 
 def test_model_alias(tmp_path):
@@ -250,4 +250,4 @@ def test_model_alias(tmp_path):
             g.stop()
     finally:
         e.stop()
-    w.stop()
+        w.stop()

@@ -268,7 +268,7 @@ def test_https_client_and_https_worker(tmp_path):
         raise
     finally:
         term.stop()
-    w.stop()
+        w.stop()
 
 
 def test_https_worker_with_untrusted_certificate(tmp_path):
@@ -317,5 +317,5 @@ def test_https_worker_with_untrusted_certificate(tmp_path):
     finally:
         t1.stop()
         t2.stop()
-    w1.stop()
-    w2.stop()
+        w1.stop()
+        w2.stop()

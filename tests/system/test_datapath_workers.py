@@ -35,86 +35,88 @@ def test_worker_api(tmp_path):
     w1 = sim.start_simworker(tmp_path, "--time-scale", "0")
     w2 = sim.start_simworker(tmp_path, "--time-scale", "0", "--engine",
                              "vllm", "--model", "other-model")
-    with gw.start_gateway(tmp_path, "--policy", "round_robin",
-                          "--worker-urls", w1.url,
-                          "--drain-settle-secs", "1") as g:
-        g.wait_ready(1)
+    try:
+        with gw.start_gateway(tmp_path, "--policy", "round_robin",
+                              "--worker-urls", w1.url,
+                              "--drain-settle-secs", "1") as g:
+            g.wait_ready(1)
 
-        # POST: 202 + Location, the accepted body.
-        r = g.post("/workers", {"url": w2.url, "labels": {"tier": "b"},
-                                "api_key": "secret-key"})
-        assert r.status == 202, r
-        body = r.json()
-        wid = body["worker_id"]
-        assert r.headers["location"] == f"/workers/{wid}"
-        assert body == {"status": "accepted", "worker_id": wid,
-                        "url": w2.url, "location": f"/workers/{wid}",
-                        "message": "Worker addition queued for background "
-                                   "processing"}
-        assert r.headers["content-type"] == "application/json"
-        wait_status(g, wid, "Ready")
+            # POST: 202 + Location, the accepted body.
+            r = g.post("/workers", {"url": w2.url, "labels": {"tier": "b"},
+                                    "api_key": "secret-key"})
+            assert r.status == 202, r
+            body = r.json()
+            wid = body["worker_id"]
+            assert r.headers["location"] == f"/workers/{wid}"
+            assert body == {"status": "accepted", "worker_id": wid,
+                            "url": w2.url, "location": f"/workers/{wid}",
+                            "message": "Worker addition queued for background "
+                                       "processing"}
+            assert r.headers["content-type"] == "application/json"
+            wait_status(g, wid, "Ready")
 
-        # Validation errors: 400 with the worker-service error body.
-        for bad in ({"url": "ftp://x"}, {"no_url": 1}, "not json",
-                    ["x"], {"url": 5}):
-            r = g.post("/workers", bad)
-            assert r.status == 400, (bad, r)
-            e = r.json()
-            assert set(e) == {"error", "code"}, e
-            assert e["error"] and e["code"]
-        r = g.post("/workers", {"url": w2.url})
-        assert r.status == 409 and "code" in r.json()
+            # Validation errors: 400 with the worker-service error body.
+            for bad in ({"url": "ftp://x"}, {"no_url": 1}, "not json",
+                        ["x"], {"url": 5}):
+                r = g.post("/workers", bad)
+                assert r.status == 400, (bad, r)
+                e = r.json()
+                assert set(e) == {"error", "code"}, e
+                assert e["error"] and e["code"]
+            r = g.post("/workers", {"url": w2.url})
+            assert r.status == 409 and "code" in r.json()
 
-        # GET list, filtered list, one.
-        r = g.get("/workers")
-        assert r.status == 200
-        lst = r.json()
-        assert lst["total"] == 2
-        assert lst["stats"] == {"prefill_count": 0, "decode_count": 0,
-                                "regular_count": 2}
-        assert [x["url"] for x in lst["workers"]] == [w1.url, w2.url]
-        for x in lst["workers"]:
-            for f in INFO_FIELDS:
-                assert f in x, (f, x)
-            assert "api_key" not in x
-        one = g.get(f"/workers/{wid}").json()
-        assert one["id"] == wid and one["url"] == w2.url
-        assert one["model_id"] == "other-model"
-        assert one["status"] == "Ready" and one["is_healthy"] is True
-        assert one["labels"] == {"tier": "b"}
-        assert "api_key" not in json.dumps(one)
-        r = g.get("/workers?model=other-model").json()
-        assert [x["id"] for x in r["workers"]] == [wid] and r["total"] == 1
-        r = g.get("/workers/no-such-worker")
-        assert r.status == 404 and r.json()["code"]
+            # GET list, filtered list, one.
+            r = g.get("/workers")
+            assert r.status == 200
+            lst = r.json()
+            assert lst["total"] == 2
+            assert lst["stats"] == {"prefill_count": 0, "decode_count": 0,
+                                    "regular_count": 2}
+            assert [x["url"] for x in lst["workers"]] == [w1.url, w2.url]
+            for x in lst["workers"]:
+                for f in INFO_FIELDS:
+                    assert f in x, (f, x)
+                assert "api_key" not in x
+            one = g.get(f"/workers/{wid}").json()
+            assert one["id"] == wid and one["url"] == w2.url
+            assert one["model_id"] == "other-model"
+            assert one["status"] == "Ready" and one["is_healthy"] is True
+            assert one["labels"] == {"tier": "b"}
+            assert "api_key" not in json.dumps(one)
+            r = g.get("/workers?model=other-model").json()
+            assert [x["id"] for x in r["workers"]] == [wid] and r["total"] == 1
+            r = g.get("/workers/no-such-worker")
+            assert r.status == 404 and r.json()["code"]
 
-        # The added worker serves its model; the worker key is sent.
-        r = g.post("/v1/completions", {"model": "other-model",
-                                       "prompt": "hi", "max_tokens": 2})
-        assert r.status == 200, r
-        assert r.headers["x-smg-routed-worker-id"] == w2.url
-        r = g.get("/v1/models").json()
-        assert sorted(m["id"] for m in r["data"]) == ["other-model",
-                                                      "sim-model"]
+            # The added worker serves its model; the worker key is sent.
+            r = g.post("/v1/completions", {"model": "other-model",
+                                           "prompt": "hi", "max_tokens": 2})
+            assert r.status == 200, r
+            assert r.headers["x-smg-routed-worker-id"] == w2.url
+            r = g.get("/v1/models").json()
+            assert sorted(m["id"] for m in r["data"]) == ["other-model",
+                                                          "sim-model"]
 
-        # DELETE: 202, Draining, then gone; its model with it.
-        r = g.request("DELETE", f"/workers/{wid}")
-        assert r.status == 202, r
-        assert r.json() == {"status": "accepted", "worker_id": wid,
-                            "message": "Worker removal queued for "
-                                       "background processing"}
-        util.wait_for(lambda: g.get(f"/workers/{wid}").status == 404,
-                      timeout=10, what="worker removed")
-        assert g.get("/workers").json()["total"] == 1
-        r = g.post("/v1/completions", {"model": "other-model",
-                                       "prompt": "hi"})
-        assert r.status == 404, r
-        assert r.json()["error"]["code"] == "model_not_found"
-        assert g.request("DELETE", "/workers/no-such").status == 404
-        assert g.request("PATCH", "/workers").status in (400, 405)
-        g.stop()
-    w1.stop()
-    w2.stop()
+            # DELETE: 202, Draining, then gone; its model with it.
+            r = g.request("DELETE", f"/workers/{wid}")
+            assert r.status == 202, r
+            assert r.json() == {"status": "accepted", "worker_id": wid,
+                                "message": "Worker removal queued for "
+                                           "background processing"}
+            util.wait_for(lambda: g.get(f"/workers/{wid}").status == 404,
+                          timeout=10, what="worker removed")
+            assert g.get("/workers").json()["total"] == 1
+            r = g.post("/v1/completions", {"model": "other-model",
+                                           "prompt": "hi"})
+            assert r.status == 404, r
+            assert r.json()["error"]["code"] == "model_not_found"
+            assert g.request("DELETE", "/workers/no-such").status == 404
+            assert g.request("PATCH", "/workers").status in (400, 405)
+            g.stop()
+    finally:
+        w1.stop()
+        w2.stop()
 
 
 class Load:
@@ -175,53 +177,55 @@ def test_broker_kill_under_load(tmp_path):
     w1 = sim.start_simworker(tmp_path, "--time-scale", "0")
     w2 = sim.start_simworker(tmp_path, "--time-scale", "0")
     w3 = sim.start_simworker(tmp_path, "--time-scale", "0")
-    with gw.start_gateway(tmp_path, "--policy", "round_robin",
-                          "--worker-urls", w1.url, w2.url) as g:
-        g.wait_ready(2)
-        r = g.post("/workers", {"url": w3.url})
-        assert r.status == 202, r
-        wid = r.json()["worker_id"]
-        wait_status(g, wid, "Ready")
-        before = sorted((x["id"], x["url"])
-                        for x in g.get("/workers").json()["workers"])
-        assert len(before) == 3
+    try:
+        with gw.start_gateway(tmp_path, "--policy", "round_robin",
+                              "--worker-urls", w1.url, w2.url) as g:
+            g.wait_ready(2)
+            r = g.post("/workers", {"url": w3.url})
+            assert r.status == 202, r
+            wid = r.json()["worker_id"]
+            wait_status(g, wid, "Ready")
+            before = sorted((x["id"], x["url"])
+                            for x in g.get("/workers").json()["workers"])
+            assert len(before) == 3
 
-        load = Load(g.port)
-        try:
-            for _ in range(2):
+            load = Load(g.port)
+            try:
+                for _ in range(2):
+                    time.sleep(1.0)
+                    old = g.pids()["broker"]
+                    assert len(old) == 1
+                    os.kill(old[0], signal.SIGKILL)
+                    util.wait_for(lambda: g.pids()["broker"] not in ([], old),
+                                  timeout=10, what="a new broker")
+                # Keep the load on while the new broker takes over.
+                util.wait_for(lambda: g.get("/workers", timeout=2).status == 200,
+                              timeout=10, what="the new broker answering")
                 time.sleep(1.0)
-                old = g.pids()["broker"]
-                assert len(old) == 1
-                os.kill(old[0], signal.SIGKILL)
-                util.wait_for(lambda: g.pids()["broker"] not in ([], old),
-                              timeout=10, what="a new broker")
-            # Keep the load on while the new broker takes over.
-            util.wait_for(lambda: g.get("/workers", timeout=2).status == 200,
-                          timeout=10, what="the new broker answering")
-            time.sleep(1.0)
-        finally:
-            load.finish()
-        assert load.failures == [], load.failures[:5]
-        assert load.ok > 100, load.ok
+            finally:
+                load.finish()
+            assert load.failures == [], load.failures[:5]
+            assert load.ok > 100, load.ok
 
-        # The new broker knows every worker, the API-added one included,
-        # and routes to all of them again.
-        after = sorted((x["id"], x["url"])
-                       for x in g.get("/workers").json()["workers"])
-        assert after == before
-        wait_status(g, wid, "Ready")
-        seen = set()
-        for _ in range(30):
-            r = g.post("/generate", GEN)
-            assert r.status == 200, r
-            seen.add(r.headers["x-smg-routed-worker-id"])
-        assert seen == {w1.url, w2.url, w3.url}
-        assert "launcher_child_cb: smg-broker" in g.log()
-        # The requests in the gap were routed by the local fallback.
-        assert "routing locally" in g.log()
-        m = re.search(r"^smg_broker_fallback_decisions_total(?:\{\})? (\d+)",
-                      g.metrics(), re.M)
-        assert m and int(m.group(1)) > 0
-        g.stop()
-    for w in (w1, w2, w3):
-        w.stop()
+            # The new broker knows every worker, the API-added one included,
+            # and routes to all of them again.
+            after = sorted((x["id"], x["url"])
+                           for x in g.get("/workers").json()["workers"])
+            assert after == before
+            wait_status(g, wid, "Ready")
+            seen = set()
+            for _ in range(30):
+                r = g.post("/generate", GEN)
+                assert r.status == 200, r
+                seen.add(r.headers["x-smg-routed-worker-id"])
+            assert seen == {w1.url, w2.url, w3.url}
+            assert "launcher_child_cb: smg-broker" in g.log()
+            # The requests in the gap were routed by the local fallback.
+            assert "routing locally" in g.log()
+            m = re.search(r"^smg_broker_fallback_decisions_total(?:\{\})? (\d+)",
+                          g.metrics(), re.M)
+            assert m and int(m.group(1)) > 0
+            g.stop()
+    finally:
+        for w in (w1, w2, w3):
+            w.stop()

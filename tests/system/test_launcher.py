@@ -6,6 +6,7 @@ import re
 import signal
 import subprocess
 import threading
+import time
 
 import pytest
 
@@ -217,3 +218,59 @@ def test_restarted_broker_sees_inflight(tmp_path):
             g.stop()
     finally:
         w.stop()
+
+
+def test_sighup_is_a_noop_under_load(tmp_path):
+    """SIGHUP, to the launcher and to every child, again and again while a
+    client sends chat completions: no process changes, no request fails,
+    and each process logs that it ignored the signal."""
+    ws = [sim.start_simworker(tmp_path, "--time-scale", "0")
+          for _ in range(2)]
+    try:
+        with gw.start_gateway(tmp_path, *RR, "--worker-urls",
+                              *[w.url for w in ws], frontends=2) as g:
+            g.wait_ready(2)
+            before = g.pids()
+            everyone = [g.proc.pid] + [p for v in before.values() for p in v]
+            body = {"model": "sim-model", "max_tokens": 4,
+                    "messages": [{"role": "user", "content": "hello"}]}
+            done, failed = [], []
+            stop = threading.Event()
+
+            def client():
+                while not stop.is_set() or len(done) < 200:
+                    try:
+                        r = g.post("/v1/chat/completions", body, timeout=10)
+                        (done if r.status == 200 else failed).append(r)
+                    except OSError as e:
+                        failed.append(e)
+            t = threading.Thread(target=client)
+            t.start()
+            try:
+                util.wait_for(lambda: len(done) + len(failed) >= 20,
+                              what="the client loop under way")
+                rounds = 5
+                for _ in range(rounds):
+                    for pid in everyone:
+                        os.kill(pid, signal.SIGHUP)
+                    time.sleep(0.1)
+                sent_at = len(done) + len(failed)
+                # Requests after the last SIGHUP too.
+                util.wait_for(lambda: len(done) + len(failed) >= sent_at + 20,
+                              timeout=20, what="requests after the SIGHUPs")
+            finally:
+                stop.set()
+                t.join(60 * util.TIMEOUT_MULT)
+            assert not t.is_alive()
+            assert failed == [], failed[:5]
+            assert len(done) >= 200
+            assert g.pids() == before
+            log = g.log()
+            for pid in everyone:
+                assert f"[{pid}]: sighup_cb: SIGHUP ignored" in log, log[-3000:]
+            assert "restarted " not in log and "killed by signal" not in log, \
+                log[-3000:]
+            g.stop()
+    finally:
+        for w in ws:
+            w.stop()

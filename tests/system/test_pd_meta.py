@@ -52,102 +52,110 @@ def _events(port, body):
 def test_pd_return_logprob_merge(tmp_path):
     p, d = _pd(tmp_path)
     # The prefill worker's own list, asked directly (no bootstrap room).
-    r = util.post(p.port, "/generate", {"text": TEXT, "return_logprob": True})
-    assert r.status == 200, r
-    plp = r.json()["meta_info"]["input_token_logprobs"]
-    ntok = r.json()["meta_info"]["prompt_tokens"]
-    assert len(plp) == ntok > 2 and plp[0][0] is None
-    want = plp + [plp[-1]]
-    with gw.start_gateway(tmp_path, "--pd-disaggregation", "--prefill",
-                          p.url, 9100, "--decode", d.url,
-                          "--policy", "round_robin") as g:
-        g.wait_ready(2)
-        # Non-streaming: prefill list first, then the decode's.
-        r = g.post("/generate", {"text": TEXT, "return_logprob": True,
-                                 "sampling_params": {"max_new_tokens": 3}})
+    try:
+        r = util.post(p.port, "/generate", {"text": TEXT, "return_logprob": True})
         assert r.status == 200, r
-        assert r.headers["x-sim-worker"] == "D0"
-        assert int(r.headers["content-length"]) == len(r.body)
-        body = r.json()
-        assert body["meta_info"]["input_token_logprobs"] == want
-        assert body["meta_info"]["completion_tokens"] == 3
-        # Not asked: the decode response as it is.
-        r = g.post("/generate", {"text": TEXT})
-        assert r.status == 200, r
-        assert "input_token_logprobs" not in r.json()["meta_info"]
-        # Streaming: every event that carries the list gets it merged.
-        headers, events = _events(g.port, {
-            "text": TEXT, "stream": True, "return_logprob": True,
-            "sampling_params": {"max_new_tokens": 4}})
-        assert headers["x-sim-worker"] == "D0"
-        assert events[-1] == "data: [DONE]"
-        data = [json.loads(e[len("data: "):]) for e in events[:-1]]
-        assert len(data) == 4
-        for ev in data:
-            assert ev["meta_info"]["input_token_logprobs"] == want
-        # The prefill and decode legs met: merging did not break PD.
-        assert p.stats()["bootstrap"]["rooms"] == \
-            d.stats()["bootstrap"]["rooms"]
-    p.stop()
-    d.stop()
+        plp = r.json()["meta_info"]["input_token_logprobs"]
+        ntok = r.json()["meta_info"]["prompt_tokens"]
+        assert len(plp) == ntok > 2 and plp[0][0] is None
+        want = plp + [plp[-1]]
+        with gw.start_gateway(tmp_path, "--pd-disaggregation", "--prefill",
+                              p.url, 9100, "--decode", d.url,
+                              "--policy", "round_robin") as g:
+            g.wait_ready(2)
+            # Non-streaming: prefill list first, then the decode's.
+            r = g.post("/generate", {"text": TEXT, "return_logprob": True,
+                                     "sampling_params": {"max_new_tokens": 3}})
+            assert r.status == 200, r
+            assert r.headers["x-sim-worker"] == "D0"
+            assert int(r.headers["content-length"]) == len(r.body)
+            body = r.json()
+            assert body["meta_info"]["input_token_logprobs"] == want
+            assert body["meta_info"]["completion_tokens"] == 3
+            # Not asked: the decode response as it is.
+            r = g.post("/generate", {"text": TEXT})
+            assert r.status == 200, r
+            assert "input_token_logprobs" not in r.json()["meta_info"]
+            # Streaming: every event that carries the list gets it merged.
+            headers, events = _events(g.port, {
+                "text": TEXT, "stream": True, "return_logprob": True,
+                "sampling_params": {"max_new_tokens": 4}})
+            assert headers["x-sim-worker"] == "D0"
+            assert events[-1] == "data: [DONE]"
+            data = [json.loads(e[len("data: "):]) for e in events[:-1]]
+            assert len(data) == 4
+            for ev in data:
+                assert ev["meta_info"]["input_token_logprobs"] == want
+            # The prefill and decode legs met: merging did not break PD.
+            assert p.stats()["bootstrap"]["rooms"] == \
+                d.stats()["bootstrap"]["rooms"]
+    finally:
+        p.stop()
+        d.stop()
 
 
 def test_pd_metadata_routes(tmp_path):
     p, d = _pd(tmp_path)
-    with gw.start_gateway(tmp_path, "--pd-disaggregation", "--prefill",
-                          p.url, 9100, "--decode", d.url,
-                          "--policy", "random") as g:
-        g.wait_ready(2)
-        for path in ("/get_model_info", "/get_server_info"):
-            r = g.get(path)
+    try:
+        with gw.start_gateway(tmp_path, "--pd-disaggregation", "--prefill",
+                              p.url, 9100, "--decode", d.url,
+                              "--policy", "random") as g:
+            g.wait_ready(2)
+            for path in ("/get_model_info", "/get_server_info"):
+                r = g.get(path)
+                assert r.status == 200, r
+                assert r.headers["x-sim-worker"] == "P0", path
+            assert g.get("/get_model_info").json()["model_path"] == "sim-model"
+            r = g.get("/v1/models")
             assert r.status == 200, r
-            assert r.headers["x-sim-worker"] == "P0", path
-        assert g.get("/get_model_info").json()["model_path"] == "sim-model"
-        r = g.get("/v1/models")
-        assert r.status == 200, r
-        assert [m["id"] for m in r.json()["data"]] == ["sim-model"]
-    p.stop()
-    # No prefill worker Ready: the decode worker answers.
-    dead = f"http://127.0.0.1:{util.free_port()}"
-    with gw.start_gateway(tmp_path, "--pd-disaggregation", "--prefill",
-                          dead, "--decode", d.url,
-                          "--policy", "random") as g:
-        g.wait_ready(1)
-        r = g.get("/get_server_info")
-        assert r.status == 200, r
-        assert r.headers["x-sim-worker"] == "D0"
-    d.stop()
-    with gw.start_gateway(tmp_path, "--pd-disaggregation", "--prefill",
-                          dead, "--decode", dead, "--policy",
-                          "random") as g:
-        g.wait_live()
-        r = g.get("/get_model_info")
-        assert r.status == 503, r
-        assert r.headers["x-smg-error-code"] == "no_workers"
+            assert [m["id"] for m in r.json()["data"]] == ["sim-model"]
+        p.stop()
+        # No prefill worker Ready: the decode worker answers.
+        dead = f"http://127.0.0.1:{util.free_port()}"
+        with gw.start_gateway(tmp_path, "--pd-disaggregation", "--prefill",
+                              dead, "--decode", d.url,
+                              "--policy", "random") as g:
+            g.wait_ready(1)
+            r = g.get("/get_server_info")
+            assert r.status == 200, r
+            assert r.headers["x-sim-worker"] == "D0"
+        d.stop()
+        with gw.start_gateway(tmp_path, "--pd-disaggregation", "--prefill",
+                              dead, "--decode", dead, "--policy",
+                              "random") as g:
+            g.wait_live()
+            r = g.get("/get_model_info")
+            assert r.status == 503, r
+            assert r.headers["x-smg-error-code"] == "no_workers"
+    finally:
+        p.stop()
+        d.stop()
 
 
 def test_pd_dp_rank_fields(tmp_path):
     p, d = _pd(tmp_path)
-    with gw.start_gateway(tmp_path, "--pd-disaggregation", "--prefill",
-                          p.url, 9100, "--policy", "round_robin") as g:
-        g.wait_ready(1)
-        r = g.post("/workers", {"url": d.url + "@1",
-                                "worker_type": "decode"})
-        if r.status != 202:
-            # Registration validates worker URLs and refuses "@" in the
-            # authority (user information); DP-aware expansion into
-            # "<url>@<rank>" workers does not exist yet, so no worker can
-            # carry a rank. The injection itself is unit-tested (pd_test).
-            assert r.status == 400, r
-            pytest.skip("worker URLs with an @<rank> suffix are refused: "
-                        f"{r.json()}")
-        g.wait_ready(2)
-        r = g.post("/generate", {"text": TEXT})
-        assert r.status == 200, r
-        assert r.headers["x-smg-routed-worker-id"] == d.url + "@1"
-        ds = d.stats()["bootstrap"]
-        assert ds["last_dp_rank"] == 1
-        assert ds["last_prefill_dp_rank"] is None
-        assert p.stats()["bootstrap"]["last_dp_rank"] is None
-    p.stop()
-    d.stop()
+    try:
+        with gw.start_gateway(tmp_path, "--pd-disaggregation", "--prefill",
+                              p.url, 9100, "--policy", "round_robin") as g:
+            g.wait_ready(1)
+            r = g.post("/workers", {"url": d.url + "@1",
+                                    "worker_type": "decode"})
+            if r.status != 202:
+                # Registration validates worker URLs and refuses "@" in the
+                # authority (user information); DP-aware expansion into
+                # "<url>@<rank>" workers does not exist yet, so no worker can
+                # carry a rank. The injection itself is unit-tested (pd_test).
+                assert r.status == 400, r
+                pytest.skip("worker URLs with an @<rank> suffix are refused: "
+                            f"{r.json()}")
+            g.wait_ready(2)
+            r = g.post("/generate", {"text": TEXT})
+            assert r.status == 200, r
+            assert r.headers["x-smg-routed-worker-id"] == d.url + "@1"
+            ds = d.stats()["bootstrap"]
+            assert ds["last_dp_rank"] == 1
+            assert ds["last_prefill_dp_rank"] is None
+            assert p.stats()["bootstrap"]["last_dp_rank"] is None
+    finally:
+        p.stop()
+        d.stop()

@@ -477,8 +477,10 @@ def test_bad_flags_exit_2():
 
 def test_sigint_exits_cleanly(tmp_path):
     w = start_simworker(tmp_path, "--time-scale", "0")
-    completion(w.port, "x")
-    w.proc.stop(sig=signal.SIGINT)
+    try:
+        completion(w.port, "x")
+    finally:
+        w.proc.stop(sig=signal.SIGINT)
 
 
 def test_expect_100_continue_and_pipelining(workers):

@@ -10,6 +10,11 @@ With SMG_VALGRIND=1 in the environment (and a build configured with
 launcher execs included; each process writes <tmp>/vg.<name>.<pid>.log and
 stop() fails the test when one of them reports an error or a definite or
 indirect leak. Timeouts are stretched (TEST_TIMEOUT_MULT, 10 unless set).
+
+Every process a test starts, through Proc or any other subprocess.Popen
+(subprocess.run included), is registered here with the test that started it
+and the environment markers RUN_ENV/TEST_ENV, which its descendants inherit
+(see conftest.py: the harness kills what a test leaves behind).
 """
 import glob
 import http.client
@@ -19,6 +24,7 @@ import re
 import signal
 import socket
 import subprocess
+import threading
 import time
 
 import pytest
@@ -36,6 +42,7 @@ skip_under_valgrind = pytest.mark.skipif(
 VALGRIND_SUPP = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                              "valgrind.supp")
 SANITIZER_MARKS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer",
+                   "WARNING: ThreadSanitizer",
                    "runtime error:")
 
 
@@ -242,3 +249,186 @@ class Proc:
             excerpt = valgrind_problems(path)
             assert not excerpt, \
                 f"{self.name}: valgrind reports in {path}:\n{excerpt}"
+
+
+# -- Process registry ---------------------------------------------------------
+#
+# conftest.py sets os.environ[RUN_ENV] once per pytest run and
+# os.environ[TEST_ENV] for the length of each test, so every process started
+# from Python, and every descendant that keeps its environment (the
+# launcher's children, a double fork), carries both. Popen is replaced by a
+# subclass that records each process it starts; a process started in a new
+# session (start_new_session=True, as Proc does) leads its own process group,
+# which is signalled whole.
+
+RUN_ENV = "SMG_TEST_RUN"
+TEST_ENV = "SMG_TEST_ID"
+_registry = []          # [_Started]
+_registry_lock = threading.Lock()
+_OrigPopen = subprocess.Popen
+
+
+class _Started:
+    def __init__(self, popen, test, leads_group):
+        self.popen = popen
+        self.pid = popen.pid
+        self.test = test                # TEST_ENV value, or None
+        self.leads_group = leads_group
+
+
+class TrackedPopen(_OrigPopen):
+    """subprocess.Popen that registers what it starts."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        leads = bool(kw.get("start_new_session")) or \
+            kw.get("process_group") == 0
+        with _registry_lock:
+            _registry.append(_Started(self, os.environ.get(TEST_ENV), leads))
+
+
+def track_subprocesses():
+    """Routes every later subprocess.Popen (and run/call/check_output,
+    which use it) through TrackedPopen."""
+    subprocess.Popen = TrackedPopen
+
+
+def _proc_stat(pid):
+    """(state, pgid) of a process, or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            line = f.read()
+    except OSError:
+        return None
+    fields = line[line.rfind(")") + 2:].split()
+    return fields[0], int(fields[2])
+
+
+def process_alive(pid):
+    """Whether pid names a running process (a zombie is not)."""
+    st = _proc_stat(pid)
+    return st is not None and st[0] != "Z"
+
+
+_PF_KTHREAD = 0x00200000
+
+
+def _environ_of(pid):
+    """A process's environment at its last exec; None if it is gone. A
+    process in the middle of an exec shows an empty one for a moment, so
+    an empty one is read again (kernel threads have none at all)."""
+    for _ in range(50):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                raw = f.read()
+            with open(f"/proc/{pid}/stat") as f:
+                line = f.read()
+        except OSError:
+            return None
+        flags = int(line[line.rfind(")") + 2:].split()[6])
+        if raw or flags & _PF_KTHREAD:
+            break
+        time.sleep(0.01)
+    env = {}
+    for item in raw.split(b"\0"):
+        k, sep, v = item.partition(b"=")
+        if sep:
+            env[k.decode(errors="replace")] = v.decode(errors="replace")
+    return env
+
+
+def process_name(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().decode(errors="replace").split("\0")
+        return " ".join(a for a in argv if a)[:200]
+    except OSError:
+        return "?"
+
+
+def processes_of(run, test=None):
+    """Live pids whose environment carries RUN_ENV=run (and TEST_ENV=test
+    unless test is None), plus the live registered ones of that run's test;
+    never this process."""
+    me = os.getpid()
+    found = set()
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        env = _environ_of(int(name))
+        if env is None or env.get(RUN_ENV) != run:
+            continue
+        if test is not None and env.get(TEST_ENV) != test:
+            continue
+        if process_alive(int(name)):
+            found.add(int(name))
+    with _registry_lock:
+        for s in _registry:
+            if (test is None or s.test == test) and s.pid != me and \
+                    s.popen.poll() is None:
+                found.add(s.pid)
+    return found
+
+
+def _signal_all(pids, groups, sig):
+    for g in groups:
+        try:
+            os.killpg(g, sig)
+        except OSError:
+            pass
+    for p in pids:
+        try:
+            os.kill(p, sig)
+        except OSError:
+            pass
+
+
+def _reap_registered():
+    with _registry_lock:
+        for s in _registry:
+            try:
+                s.popen.poll()
+            except OSError:
+                pass
+
+
+def kill_processes(pids, grace=3.0):
+    """SIGTERM to every pid and to the process group each of them leads
+    (never this process's own group), SIGKILL to what is left after grace
+    seconds; waits until all are gone. Returns the pids still alive at the
+    end (none unless a process is stuck in the kernel)."""
+    mine = os.getpgrp()
+    groups = set()
+    for p in pids:
+        st = _proc_stat(p)
+        if st is not None and st[1] == p and p != mine:
+            groups.add(p)
+    with _registry_lock:
+        for s in _registry:
+            if s.pid in pids and s.leads_group and s.pid != mine:
+                groups.add(s.pid)
+
+    def members():
+        """Live pids in the groups (new forks included) and the list."""
+        live = {p for p in pids if process_alive(p)}
+        if groups:
+            for name in os.listdir("/proc"):
+                if name.isdigit():
+                    st = _proc_stat(int(name))
+                    if st and st[0] != "Z" and st[1] in groups:
+                        live.add(int(name))
+        return live
+
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        live = members()
+        if not live:
+            return []
+        _signal_all(live, groups, sig)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            _reap_registered()
+            if not members():
+                return []
+            time.sleep(0.05)
+    _reap_registered()
+    return sorted(members())
