@@ -98,8 +98,7 @@ live_tick(struct broker *br)
 	free(v);
 	for (i = 0; i < br->br_nworkers; i++) {
 		w = br->br_order[i];
-		stats_set(br, w->wk_m_pending,
-		    (int64_t)live_pending(br, w));
+		stats_set(br, w->wk_m_pending, (int64_t)live_pending(br, w));
 		stats_set(br, w->wk_m_rate,
 		    rate_known(&w->wk_rate)
 		        ? (int64_t)(rate_get(&w->wk_rate, 0) + 0.5)
