@@ -78,7 +78,7 @@ live_tick(struct broker *br)
 {
 	struct model_entry *me;
 	struct worker *w;
-	double *v = NULL;
+	double *v = NULL, r;
 	unsigned i, j, n;
 	size_t cap = 0;
 
@@ -99,6 +99,12 @@ live_tick(struct broker *br)
 	for (i = 0; i < br->br_nworkers; i++) {
 		w = br->br_order[i];
 		stats_set(br, w->wk_m_pending, (int64_t)live_pending(br, w));
+		/* What the frontends expect of it (non-streamed prefill). */
+		r = live_rate(w);
+		if (r <= 0)
+			r = br->br_set->bs_ll_default_throughput;
+		shm_prefill_rate_set(br->br_shm, w->wk_slot,
+		    r > 0 ? (uint32_t)(r < 4e9 ? r + 0.5 : 4e9) : 0);
 		stats_set(br, w->wk_m_rate,
 		    rate_known(&w->wk_rate)
 		        ? (int64_t)(rate_get(&w->wk_rate, 0) + 0.5)

@@ -21,6 +21,8 @@ static void exchange_end_all(struct exchange *, int,
     const struct exchange_leg *, bool);
 static void exchange_count(struct exchange *, bool, const char *);
 static void exchange_stream_arm(struct exchange *, struct exchange_leg *, long);
+static void exchange_prefill_estimate(struct exchange *, struct exchange_leg *);
+static void exchange_release_pending(struct exchange_leg *);
 
 /* Whether a leg's worker prefills the prompt (not a decode or encode
  * leg): only those carry live prefill load. */
@@ -246,8 +248,30 @@ exchange_dispatch(struct exchange *ex, unsigned i, struct upstream_req *up)
 		if (xl->xl_pending > 0)
 			shm_pending_add(fe->fe_shm, fe->fe_row,
 			    xl->xl_d.dc_slot, (int64_t)xl->xl_pending);
+		exchange_prefill_estimate(ex, xl);
 	}
 	return 0;
+}
+
+/*
+ * A non-streamed response shows no first token: its body comes whole at
+ * the end of the generation. Its prompt stops counting as waiting once
+ * the worker should have prefilled what was ahead of it and it, at the
+ * rate the broker expects of that worker.
+ */
+static void
+exchange_prefill_estimate(struct exchange *ex, struct exchange_leg *xl)
+{
+	uint32_t rate;
+
+	if (ex->ex_streaming || xl->xl_pending == 0)
+		return;
+	rate = shm_prefill_rate(fe->fe_shm, xl->xl_d.dc_slot);
+	if (rate == 0)
+		return;
+	xl->xl_timer.repeat =
+	    (double)(xl->xl_ahead + xl->xl_pending) / (double)rate + 0.001;
+	ev_timer_again(fe->fe_loop, &xl->xl_timer);
 }
 
 /* Its prompt's prefill is no longer waiting on the worker. */
@@ -309,6 +333,11 @@ exchange_stream_cb(struct ev_loop *loop, ev_timer *w, int revents)
 	(void)loop;
 	(void)revents;
 	ev_timer_stop(fe->fe_loop, w);
+	if (!ex->ex_streaming) {
+		/* exchange_prefill_estimate's deadline. */
+		exchange_release_pending(xl);
+		return;
+	}
 	stats_add("smg_router_stream_timeouts_total",
 	    xl->xl_first_byte ? "kind=\"idle\"" : "kind=\"first_byte\"", 1);
 	if (!ex->ex_relayed) {

@@ -452,7 +452,9 @@ struct exchange_leg {
 	ev_tstamp xl_ttfb; /* seconds to the first body byte */
 	uint64_t xl_pending; /* prompt tokens counted in shm pending now */
 	uint64_t xl_ahead; /* the worker's pending tokens at dispatch */
-	ev_timer xl_timer; /* stream: first-byte, then idle deadline */
+	/* Stream: first-byte, then idle deadline. Not streamed: when the
+	 * prompt should have been prefilled (live load). */
+	ev_timer xl_timer;
 	uint32_t xl_exclude[FE_MAX_EXCLUDE];
 	size_t xl_nexclude;
 };

@@ -593,6 +593,23 @@ shm_pending_add(struct shm *shm, int row, unsigned slot, int64_t delta)
 	        memory_order_relaxed, memory_order_relaxed));
 }
 
+void
+shm_prefill_rate_set(struct shm *shm, unsigned slot, uint32_t tps)
+{
+	if (slot < SHM_MAX_WORKERS)
+		atomic_store_explicit(&shm->sm_seg->sh_prefill_rate[slot], tps,
+		    memory_order_relaxed);
+}
+
+uint32_t
+shm_prefill_rate(struct shm *shm, unsigned slot)
+{
+	if (slot >= SHM_MAX_WORKERS)
+		return 0;
+	return atomic_load_explicit(&shm->sm_seg->sh_prefill_rate[slot],
+	    memory_order_relaxed);
+}
+
 uint64_t
 shm_pending_total(struct shm *shm, unsigned slot)
 {

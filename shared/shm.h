@@ -29,7 +29,7 @@
 #include <sys/types.h>
 
 #define SHM_MAGIC              0x53474d43u /* "SMGC" */
-#define SHM_VERSION            3u
+#define SHM_VERSION            4u
 #define SHM_FILENAME           "smg.shm"
 #define SHM_MAX_WORKERS        512
 #define SHM_MAX_FRONTENDS      64
@@ -121,6 +121,9 @@ struct shm_segment {
 	_Atomic uint32_t sh_series_count;
 	uint32_t sh_pad;
 	struct shm_worker_slot sh_workers[SHM_MAX_WORKERS];
+	/* Prefill rate the broker expects of each slot's worker, tokens/s
+	 * (learned, else its prior; 0 unknown). Written by the broker. */
+	_Atomic uint32_t sh_prefill_rate[SHM_MAX_WORKERS];
 	struct shm_row sh_rows[SHM_ROWS];
 	struct shm_series sh_series[SHM_MAX_SERIES];
 	/* Values: [row][series]; counters add, gauges are summed too. */
@@ -203,5 +206,9 @@ void shm_inflight_reset_slot(struct shm *shm, unsigned slot);
  */
 void shm_pending_add(struct shm *shm, int row, unsigned slot, int64_t delta);
 uint64_t shm_pending_total(struct shm *shm, unsigned slot);
+/* The broker's expected prefill rate of a slot's worker (tokens/s, 0:
+ * unknown); set by the broker, read by the frontends. */
+void shm_prefill_rate_set(struct shm *shm, unsigned slot, uint32_t tps);
+uint32_t shm_prefill_rate(struct shm *shm, unsigned slot);
 
 #endif /* SHARED_SHM_H */

@@ -69,8 +69,11 @@ def test_shared_prefix_sticks_to_one_worker(tmp_path):
 def test_busy_holder_spills_exactly_past_both_gates(tmp_path):
     # Two workers, abs 2, rel 1.5: with the holder at L in flight and the
     # other idle, avg = L/2; L > 1.5 * L/2 always, L > L/2 + 2 from L = 5.
-    # So held requests 1..5 stay on the holder and the 6th spills.
-    ws = [sim.start_simworker(tmp_path) for _ in range(2)]
+    # So held requests 1..5 stay on the holder and the 6th spills. The
+    # prefill is near instant, so no prompt waits for its first token and
+    # the spill on work (which would fire earlier) stays out of the way.
+    ws = [sim.start_simworker(tmp_path, "--prefill-tps", 10000000)
+          for _ in range(2)]
     try:
         with gw.start_gateway(tmp_path, "--policy", "cache_aware",
                               "--worker-urls", *[w.url for w in ws],
