@@ -367,6 +367,10 @@ local_readiness(struct conn *c, const struct http_request *hr, const char *id)
 		cJSON_AddStringToObject(j, "reason",
 		    "insufficient healthy workers");
 		local_json(c, hr, 503, j, id);
+	} else if (!decide_broker_ready()) {
+		cJSON_AddStringToObject(j, "status", "not ready");
+		cJSON_AddStringToObject(j, "reason", "broker unreachable");
+		local_json(c, hr, 503, j, id);
 	} else {
 		cJSON_AddStringToObject(j, "status", "ready");
 		cJSON_AddNumberToObject(j, "healthy_workers", healthy);
