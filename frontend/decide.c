@@ -53,6 +53,7 @@ static Smg__Outcome *decide_outcomes;
 static char (*decide_keys)[DECIDE_KEY_MAX]; /* the outcomes' keys */
 static size_t decide_noutcomes;
 static bool decide_down; /* broker unreachable: decide locally */
+static ev_tstamp decide_down_since;
 static bool decide_ping_pending;
 
 static void decide_prepare_cb(struct ev_loop *, ev_prepare *, int);
@@ -250,6 +251,7 @@ decide_set_down(bool down)
 		return;
 	decide_down = down;
 	if (down) {
+		decide_down_since = ev_time();
 		log_warnx("%s: broker %s unreachable, routing locally",
 		    __func__, fe->fe_broker_url);
 		ev_timer_stop(fe->fe_loop, &decide_outcome_timer);
@@ -481,7 +483,11 @@ decide_flush(void)
 bool
 decide_broker_ready(void)
 {
-	return ipc_client_down_secs(fe->fe_broker) < DECIDE_READY_GRACE;
+	/* No connection, or one whose broker stopped answering pings. */
+	if (ipc_client_down_secs(fe->fe_broker) >= DECIDE_READY_GRACE)
+		return false;
+	return !decide_down ||
+	    ev_time() - decide_down_since < DECIDE_READY_GRACE;
 }
 
 static void

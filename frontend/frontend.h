@@ -322,8 +322,8 @@ bool decide_overloaded(struct shm *shm, unsigned slot, uint32_t generation);
 bool decide_dispatch_shed(const struct decision *d);
 /*
  * Whether the broker conversation is healthy enough for /readiness: false
- * once the broker has been unreachable for a few seconds (decisions are
- * then all local fallbacks).
+ * once the broker has been unreachable (no connection, or no answer to
+ * pings) for 5 s; decisions are then all local fallbacks.
  */
 bool decide_broker_ready(void);
 /* Sends an admin request; cb gets the packed BrokerReply or an error. */
