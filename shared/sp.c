@@ -548,12 +548,27 @@ sp_client_destroy(struct sp_client *cl)
 	free(cl);
 }
 
-/* Called on the way out of every loop callback: a deferred free. */
+/*
+ * Called on the way out of every loop callback: a deferred free, and the
+ * output callbacks queued.
+ */
 static void
 sp_client_leave(struct sp_client *cl)
 {
-	if (--cl->cl_depth == 0 && cl->cl_free_pending)
+	if (--cl->cl_depth > 0)
+		return;
+	if (cl->cl_free_pending) {
 		sp_client_destroy(cl);
+		return;
+	}
+	/* Requests a callback sent from a timer go out now. */
+	if (cl->cl_state == SP_OPEN && !cl->cl_broken &&
+	    cl->cl_conn.c_out.b_len > 0 && !(cl->cl_conn.c_events & EV_WRITE) &&
+	    sp_conn_flush(cl->cl_loop, &cl->cl_conn) == -1) {
+		cl->cl_depth++;
+		sp_client_lost(cl, "send");
+		sp_client_leave(cl);
+	}
 }
 
 int

@@ -883,6 +883,52 @@ test_client_limits(void **state)
 	sp_client_free(cl);
 }
 
+/* A request sent from a timeout's callback goes out at once. */
+struct chain {
+	struct sp_client *ch_cl;
+	struct rec ch_first;
+	struct rec ch_second;
+};
+
+static void
+chain_cb(void *arg, int status, const uint8_t *reply, size_t len)
+{
+	struct chain *ch = arg;
+
+	rec_cb(&ch->ch_first, status, reply, len);
+	assert_int_equal(sp_client_send(ch->ch_cl, (const uint8_t *)"next", 4,
+	                     5000, rec_cb, &ch->ch_second),
+	    0);
+}
+
+static void
+test_send_from_timeout(void **state)
+{
+	struct fixture *fx = *state;
+	struct chain ch;
+	struct sp_server *srv;
+	ev_tstamp t0;
+	int seen = 0;
+
+	memset(&ch, 0, sizeof(ch));
+	srv = sp_server_new(fx->fx_loop, fx->fx_path, TEST_MAX, echo_cb, &seen);
+	assert_non_null(srv);
+	ch.ch_cl = sp_client_new(fx->fx_loop, fx->fx_path, 4, TEST_MAX);
+	assert_non_null(ch.ch_cl);
+	assert_int_equal(sp_client_send(ch.ch_cl, (const uint8_t *)"silent", 6,
+	                     200, chain_cb, &ch),
+	    0);
+	assert_true(run_until(fx->fx_loop, &ch.ch_first.r_calls, 1, 5.0));
+	assert_int_equal(ch.ch_first.r_status, NNG_ETIMEDOUT);
+	t0 = ev_time();
+	assert_true(run_until(fx->fx_loop, &ch.ch_second.r_calls, 1, 5.0));
+	assert_int_equal(ch.ch_second.r_status, 0);
+	assert_string_equal(ch.ch_second.r_body, ">next");
+	assert_true(ev_time() - t0 < 1.0);
+	sp_client_free(ch.ch_cl);
+	sp_server_free(srv);
+}
+
 int
 main(void)
 {
@@ -913,6 +959,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_server_bad_peers, setup,
 		    teardown),
 		cmocka_unit_test_setup_teardown(test_client_limits, setup,
+		    teardown),
+		cmocka_unit_test_setup_teardown(test_send_from_timeout, setup,
 		    teardown),
 	};
 
