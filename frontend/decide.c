@@ -308,7 +308,7 @@ decide_send(struct decide_batch *b, struct decide_item **items, size_t n)
 	Smg__RouteRequest *rr = NULL, **rrp = NULL;
 	Smg__Outcome **op = NULL;
 	uint8_t *buf = NULL;
-	size_t len, i, k, cut, budget, sz;
+	size_t len, i, k, cut_at = 0, budget, sz;
 	char saved = '\0';
 	const struct extract_inputs *cut_in = NULL;
 	int rv = -1;
@@ -330,7 +330,15 @@ decide_send(struct decide_batch *b, struct decide_item **items, size_t n)
 	    smg__route_batch__get_packed_size(&rb);
 	for (k = 0; k < n; k++) {
 		const struct extract_inputs *in = items[k]->di_in;
+		bool big = in->ei_has_text && in->ei_text != NULL &&
+		    in->ei_text_len > IPC_ROUTE_TEXT_MAX;
 
+		/*
+		 * At most one request per message is cut, in place (the text
+		 * is the request's own buffer), and restored below.
+		 */
+		if (big && cut_in != NULL)
+			break;
 		smg__route_request__init(&rr[k]);
 		rr[k].id = k;
 		rr[k].endpoint = (Smg__Endpoint)in->ei_endpoint;
@@ -364,15 +372,21 @@ decide_send(struct decide_batch *b, struct decide_item **items, size_t n)
 		rr[k].n_exclude_slots = items[k]->di_nexclude;
 		rr[k].size = in->ei_size;
 		rrp[k] = &rr[k];
+		if (big) {
+			cut_in = in;
+			cut_at = decide_cut_text(in);
+			saved = in->ei_text[cut_at];
+			in->ei_text[cut_at] = '\0';
+		}
 		sz = smg__route_request__get_packed_size(&rr[k]) +
 		    DECIDE_ITEM_FRAMING;
-		if (rr[k].has_text &&
-		    (cut = decide_cut_text(in)) < in->ei_text_len)
-			sz -= in->ei_text_len - cut;
 		if (sz > budget) {
+			if (big) {
+				in->ei_text[cut_at] = saved;
+				cut_in = NULL;
+			}
 			if (k == 0) {
-				/* Cannot travel even alone (a huge model name).
-				 */
+				/* Cannot travel even alone (a huge name). */
 				rv = -2;
 				goto out;
 			}
@@ -380,34 +394,12 @@ decide_send(struct decide_batch *b, struct decide_item **items, size_t n)
 		}
 		budget -= sz;
 	}
-	/*
-	 * At most one request per message is cut, in place (its text is the
-	 * request's own buffer), and restored right after packing.
-	 */
-	for (i = 0; i < k; i++) {
-		const struct extract_inputs *in = items[i]->di_in;
-
-		if (!rr[i].has_text ||
-		    (cut = decide_cut_text(in)) == in->ei_text_len)
-			continue;
-		if (cut_in != NULL) {
-			k = i;
-			break;
-		}
-		cut_in = in;
-		saved = in->ei_text[cut];
-		in->ei_text[cut] = '\0';
-		stats_add("smg_broker_routing_text_cut_total", "", 1);
-	}
 	rb.n_requests = k;
 	rb.requests = rrp;
 	m.version = IPC_VERSION;
 	m.body_case = SMG__FRONTEND_MSG__BODY_ROUTE_BATCH;
 	m.route_batch = &rb;
-	buf = ipc_pack_frontend(&m, &len);
-	if (cut_in != NULL)
-		cut_in->ei_text[decide_cut_text(cut_in)] = saved;
-	if (buf == NULL)
+	if ((buf = ipc_pack_frontend(&m, &len)) == NULL)
 		goto out;
 	/* ev_time: ev_now is the start of this loop turn, not the send. */
 	b->db_sent = ev_time();
@@ -416,8 +408,12 @@ decide_send(struct decide_batch *b, struct decide_item **items, size_t n)
 		goto out;
 	decide_noutcomes = 0;
 	ev_timer_stop(fe->fe_loop, &decide_outcome_timer);
+	if (cut_in != NULL)
+		stats_add("smg_broker_routing_text_cut_total", "", 1);
 	rv = (int)k;
 out:
+	if (cut_in != NULL)
+		cut_in->ei_text[cut_at] = saved;
 	free(buf);
 	free(op);
 	free(rrp);
