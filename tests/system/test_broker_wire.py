@@ -9,6 +9,7 @@ decisions, not the local fallback.
 import json
 import os
 import re
+import signal
 import subprocess
 import time
 
@@ -93,3 +94,34 @@ def test_prompts_over_a_broker_message(tmp_path):
         g.stop()
     w1.stop()
     w2.stop()
+
+
+def test_readiness_follows_the_broker(tmp_path):
+    w1 = sim.start_simworker(tmp_path, "--time-scale", "0")
+    with gw.start_gateway(tmp_path, "--policy", "round_robin",
+                          "--worker-urls", w1.url) as g:
+        g.wait_ready(1)
+        assert g.get("/readiness").status == 200
+        broker = g.pids()["broker"][0]
+        os.kill(broker, signal.SIGSTOP)
+        try:
+            # Served by the local fallback meanwhile, and still ready
+            # for a few seconds (a broker restart is not an outage).
+            r = g.post("/generate", {"text": "hi"})
+            assert r.status == 200, r
+            assert g.get("/readiness").status == 200
+
+            def not_ready():
+                r = g.get("/readiness", timeout=2)
+                return r.status == 503 and \
+                    r.json()["reason"] == "broker unreachable"
+            util.wait_for(not_ready, timeout=15,
+                          what="readiness 503 broker unreachable")
+        finally:
+            os.kill(broker, signal.SIGCONT)
+        util.wait_for(lambda: g.get("/readiness", timeout=2).status == 200,
+                      timeout=10, what="readiness back")
+        r = g.post("/generate", {"text": "hi"})
+        assert r.status == 200, r
+        g.stop()
+    w1.stop()
