@@ -12,8 +12,9 @@ In one run, alternating ROUNDS times:
               read from fine histogram buckets (bucket upper bounds)
 
 usage: broker_rtt.py [--build-dir DIR] [--rounds N] [--count N]
-Prints one JSON object per measurement and a summary of the ratios to the
-socketpair's median p50/p99.
+Prints one JSON object per measurement, then each transport's median
+p50/p99 and the median of its per-round ratios to the socketpair (the host
+may be busy: a ratio within one round compares like with like).
 """
 import argparse
 import http.client
@@ -111,16 +112,20 @@ def main():
         r = gateway(a.gateway_count)
         print(json.dumps(r), flush=True)
         res.setdefault("gateway", []).append(r)
-    base50 = statistics.median(r["p50_us"] for r in res["socketpair"])
-    base99 = statistics.median(r["p99_us"] for r in res["socketpair"])
-    print(f"median of {a.rounds} rounds, ratio to socketpair "
-          f"(p50 {base50:.1f} us, p99 {base99:.1f} us):")
+    # Ratios within each round (same moment, same load), then medians.
+    base = res["socketpair"]
+    print(f"per-round ratio to the socketpair, median of {a.rounds} rounds "
+          f"(socketpair p50 {statistics.median(r['p50_us'] for r in base):.1f}"
+          f" us, p99 {statistics.median(r['p99_us'] for r in base):.1f} us):")
     for name, rs in res.items():
+        r50 = statistics.median(r["p50_us"] / b0["p50_us"]
+                                for r, b0 in zip(rs, base))
+        r99 = statistics.median(r["p99_us"] / b0["p99_us"]
+                                for r, b0 in zip(rs, base))
         p50 = statistics.median(r["p50_us"] for r in rs)
         p99 = statistics.median(r["p99_us"] for r in rs)
-        print(f"  {name:10s} p50 {p50:8.1f} us ({p50 / base50:5.2f}x)  "
-              f"p99 {p99:8.1f} us ({p99 / base99:5.2f}x)")
-
+        print(f"  {name:10s} p50 {p50:8.1f} us ({r50:5.2f}x)  "
+              f"p99 {p99:8.1f} us ({r99:5.2f}x)")
 
 if __name__ == "__main__":
     main()
