@@ -427,6 +427,92 @@ test_nng_req_to_server(void **state)
 	sp_server_free(srv);
 }
 
+/* libnng REQ contexts: many requests in flight on one pipe, ids matched. */
+#define NCTX 8
+
+struct nng_ctx_job {
+	const char *cj_url;
+	int cj_ok;
+	atomic_int cj_done;
+};
+
+static void *
+nng_ctx_thread(void *arg)
+{
+	struct nng_ctx_job *j = arg;
+	nng_socket s;
+	nng_ctx ctx[NCTX];
+	nng_aio *aio[NCTX];
+	nng_msg *m;
+	int i, round;
+
+	memset(aio, 0, sizeof(aio));
+	if (nng_req0_open(&s) != 0)
+		goto done;
+	if (nng_dial(s, j->cj_url, NULL, 0) != 0)
+		goto out;
+	for (i = 0; i < NCTX; i++)
+		if (nng_ctx_open(&ctx[i], s) != 0 ||
+		    nng_aio_alloc(&aio[i], NULL, NULL) != 0)
+			goto out;
+	for (round = 0; round < 5; round++) {
+		for (i = 0; i < NCTX; i++) {
+			if (nng_msg_alloc(&m, 0) != 0 ||
+			    nng_msg_append(m, "c", 1) != 0 ||
+			    nng_msg_append_u32(m, (uint32_t)i) != 0)
+				goto out;
+			nng_aio_set_msg(aio[i], m);
+			nng_aio_set_timeout(aio[i], 3000);
+			nng_ctx_send(ctx[i], aio[i]);
+			nng_aio_wait(aio[i]);
+			if (nng_aio_result(aio[i]) != 0) {
+				nng_msg_free(m);
+				goto out;
+			}
+		}
+		/* All eight wait for their replies at once. */
+		for (i = 0; i < NCTX; i++)
+			nng_ctx_recv(ctx[i], aio[i]);
+		for (i = 0; i < NCTX; i++) {
+			nng_aio_wait(aio[i]);
+			if (nng_aio_result(aio[i]) != 0)
+				continue;
+			m = nng_aio_get_msg(aio[i]);
+			if (nng_msg_len(m) == 6 &&
+			    memcmp(nng_msg_body(m), ">c", 2) == 0 &&
+			    ((uint8_t *)nng_msg_body(m))[5] == (uint8_t)i)
+				j->cj_ok++;
+			nng_msg_free(m);
+		}
+	}
+out:
+	for (i = 0; i < NCTX; i++)
+		nng_aio_free(aio[i]);
+	nng_close(s);
+done:
+	atomic_store(&j->cj_done, 1);
+	return NULL;
+}
+
+static void
+test_nng_contexts_to_server(void **state)
+{
+	struct fixture *fx = *state;
+	struct nng_ctx_job j = { .cj_url = fx->fx_url };
+	struct sp_server *srv;
+	pthread_t t;
+	int seen = 0;
+
+	srv = sp_server_new(fx->fx_loop, fx->fx_path, TEST_MAX, echo_cb, &seen);
+	assert_non_null(srv);
+	assert_int_equal(pthread_create(&t, NULL, nng_ctx_thread, &j), 0);
+	assert_true(run_until_flag(fx->fx_loop, &j.cj_done, 20.0));
+	pthread_join(t, NULL);
+	assert_int_equal(j.cj_ok, 5 * NCTX);
+	assert_int_equal(seen, 5 * NCTX);
+	sp_server_free(srv);
+}
+
 /* ------------------------------------------------ client -> libnng REP */
 
 struct nng_rep_job {
@@ -938,6 +1024,8 @@ main(void)
 		cmocka_unit_test(test_codec),
 		cmocka_unit_test_setup_teardown(test_nng_req_to_server, setup,
 		    teardown),
+		cmocka_unit_test_setup_teardown(test_nng_contexts_to_server,
+		    setup, teardown),
 		cmocka_unit_test_setup_teardown(test_client_to_nng_rep, setup,
 		    teardown),
 		cmocka_unit_test_setup_teardown(test_kill_backlog, setup,
