@@ -420,8 +420,9 @@ sp_conn_frame(struct sp_conn *c, const uint8_t *a, size_t alen,
 
 /*
  * The next unit of input: the peer's header (checked, then consumed) or a
- * whole frame. 1: a frame (*payload, *plen; consume *used after use);
- * 0: need more input; -1: the connection must close (logged).
+ * whole frame. 2: the header was good (the connection is open); 1: a
+ * frame (*payload, *plen; consume *used after use); 0: need more input;
+ * -1: the connection must close (logged).
  */
 static int
 sp_conn_next(struct sp_conn *c, const uint8_t **payload, size_t *plen,
