@@ -825,6 +825,9 @@ ca_tree_select(struct cache_aware *ca, struct ca_model *cm,
 		text = req->has_text && req->text != NULL ? req->text : "";
 		tree_match(cm->cm_str, text, strlen(text), &m);
 	}
+	/* A frontend cuts huge inputs (ipc.h); size is the whole length. */
+	if (m.tm_input < req->size)
+		m.tm_input = (size_t)req->size;
 	*rate =
 	    m.tm_input > 0 ? (double)m.tm_matched / (double)m.tm_input : 0.0;
 	/* What each candidate holds of this prompt (a shorter prefix too). */

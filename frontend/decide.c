@@ -9,6 +9,12 @@
  * tests/bench/datapath.py one batch in flight at a time (on a plain REQ
  * socket) cost more CPU per request and lower throughput than a batch
  * per loop turn on nng contexts.
+ *
+ * No message may exceed what the broker accepts (IPC_MAX_MSG): a request's
+ * routing text is cut to IPC_ROUTE_TEXT_MAX bytes and its token ids to
+ * IPC_ROUTE_TOKENS_MAX (the rest changes no routing choice worth a frame
+ * the broker would refuse), and a batch that would not fit one message
+ * goes as several.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +28,12 @@
 #include "shared/log.h"
 
 #define DECIDE_MAX_OUTCOMES 8192
+/* A RouteRequest's own bytes in a batch: tag and length prefix. */
+#define DECIDE_ITEM_FRAMING 8
+/* The envelope's own fields around the batch. */
+#define DECIDE_ENVELOPE_SLACK 64
+/* Not ready after the broker has been unreachable this long (seconds). */
+#define DECIDE_READY_GRACE 5.0
 
 struct decide_batch {
 	size_t db_n;
@@ -41,6 +53,7 @@ static Smg__Outcome *decide_outcomes;
 static char (*decide_keys)[DECIDE_KEY_MAX]; /* the outcomes' keys */
 static size_t decide_noutcomes;
 static bool decide_down; /* broker unreachable: decide locally */
+static ev_tstamp decide_down_since;
 static bool decide_ping_pending;
 
 static void decide_prepare_cb(struct ev_loop *, ev_prepare *, int);
@@ -52,6 +65,7 @@ static void decide_reply_cb(void *, int, const uint8_t *, size_t);
 static void decide_pong_cb(void *, int, const uint8_t *, size_t);
 static void decide_set_down(bool);
 static int decide_send(struct decide_batch *, struct decide_item **, size_t);
+static size_t decide_cut_text(const struct extract_inputs *);
 static void decide_from_proto(const Smg__Decision *, struct decision *);
 
 void
@@ -236,7 +250,7 @@ decide_outcome_cb(struct ev_loop *loop, ev_timer *w, int revents)
 		return;
 	if ((b = calloc(1, sizeof(*b))) == NULL)
 		return;
-	if (decide_send(b, NULL, 0) == -1)
+	if (decide_send(b, NULL, 0) != 0)
 		free(b);
 }
 
@@ -247,6 +261,7 @@ decide_set_down(bool down)
 		return;
 	decide_down = down;
 	if (down) {
+		decide_down_since = ev_time();
 		log_warnx("%s: broker %s unreachable, routing locally",
 		    __func__, fe->fe_broker_url);
 		ev_timer_stop(fe->fe_loop, &decide_outcome_timer);
@@ -274,8 +289,26 @@ decide_local(struct decide_item *it)
 }
 
 /*
- * Packs the batch: items[0..n) become RouteRequests, every pending outcome
- * travels along. Returns 0 when sent (b then belongs to the reply), -1.
+ * Where the routing text of in is cut (IPC_ROUTE_TEXT_MAX bytes, on a
+ * UTF-8 character boundary), or ei_text_len when it is not.
+ */
+static size_t
+decide_cut_text(const struct extract_inputs *in)
+{
+	size_t n = IPC_ROUTE_TEXT_MAX;
+
+	if (in->ei_text_len <= n)
+		return in->ei_text_len;
+	while (n > 0 && ((unsigned char)in->ei_text[n] & 0xc0) == 0x80)
+		n--;
+	return n;
+}
+
+/*
+ * Packs the batch: a prefix of items[0..n) that fits one message becomes
+ * RouteRequests, and every pending outcome travels along. Returns how
+ * many items were sent (0 for outcomes alone; b then belongs to the
+ * reply), -2 when items[0] cannot fit a message even alone, or -1.
  */
 static int
 decide_send(struct decide_batch *b, struct decide_item **items, size_t n)
@@ -285,7 +318,9 @@ decide_send(struct decide_batch *b, struct decide_item **items, size_t n)
 	Smg__RouteRequest *rr = NULL, **rrp = NULL;
 	Smg__Outcome **op = NULL;
 	uint8_t *buf = NULL;
-	size_t len, i;
+	size_t len, i, k, cut_at = 0, budget, sz;
+	char saved = '\0';
+	const struct extract_inputs *cut_in = NULL;
 	int rv = -1;
 
 	if (n > 0 &&
@@ -295,49 +330,82 @@ decide_send(struct decide_batch *b, struct decide_item **items, size_t n)
 	if (decide_noutcomes > 0 &&
 	    (op = calloc(decide_noutcomes, sizeof(*op))) == NULL)
 		goto out;
-	for (i = 0; i < n; i++) {
-		const struct extract_inputs *in = items[i]->di_in;
-
-		smg__route_request__init(&rr[i]);
-		rr[i].id = i;
-		rr[i].endpoint = (Smg__Endpoint)in->ei_endpoint;
-		rr[i].leg = (Smg__Leg)items[i]->di_leg;
-		rr[i].model = in->ei_model != NULL ? in->ei_model : "";
-		if (in->ei_has_text && in->ei_text != NULL) {
-			rr[i].text = in->ei_text;
-			rr[i].has_text = true;
-		}
-		if (in->ei_has_tokens) {
-			rr[i].tokens = in->ei_tokens;
-			rr[i].n_tokens = in->ei_ntokens;
-			rr[i].has_tokens = true;
-		}
-		if (in->ei_routing_key != NULL)
-			rr[i].routing_key = in->ei_routing_key;
-		if (in->ei_rid_key != NULL)
-			rr[i].rid_key = in->ei_rid_key;
-		if (in->ei_has_target_worker) {
-			rr[i].target_worker = in->ei_target_worker;
-			rr[i].has_target_worker = true;
-		}
-		if (in->ei_has_implicit_key) {
-			rr[i].implicit_key = in->ei_implicit_key;
-			rr[i].has_implicit_key = true;
-		}
-		rr[i].attempt = items[i]->di_attempt;
-		rr[i].exclude_slots = (uint32_t *)items[i]->di_exclude;
-		rr[i].n_exclude_slots = items[i]->di_nexclude;
-		rr[i].size = in->ei_size;
-		rrp[i] = &rr[i];
-	}
 	for (i = 0; i < decide_noutcomes; i++) {
 		decide_outcomes[i].sticky_key = decide_keys[i];
 		op[i] = &decide_outcomes[i];
 	}
-	rb.n_requests = n;
-	rb.requests = rrp;
 	rb.n_outcomes = decide_noutcomes;
 	rb.outcomes = op;
+	budget = IPC_MAX_MSG - DECIDE_ENVELOPE_SLACK -
+	    smg__route_batch__get_packed_size(&rb);
+	for (k = 0; k < n; k++) {
+		const struct extract_inputs *in = items[k]->di_in;
+		bool big = in->ei_has_text && in->ei_text != NULL &&
+		    in->ei_text_len > IPC_ROUTE_TEXT_MAX;
+
+		/*
+		 * At most one request per message is cut, in place (the text
+		 * is the request's own buffer), and restored below.
+		 */
+		if (big && cut_in != NULL)
+			break;
+		smg__route_request__init(&rr[k]);
+		rr[k].id = k;
+		rr[k].endpoint = (Smg__Endpoint)in->ei_endpoint;
+		rr[k].leg = (Smg__Leg)items[k]->di_leg;
+		rr[k].model = in->ei_model != NULL ? in->ei_model : "";
+		if (in->ei_has_text && in->ei_text != NULL) {
+			rr[k].text = in->ei_text;
+			rr[k].has_text = true;
+		}
+		if (in->ei_has_tokens) {
+			rr[k].tokens = in->ei_tokens;
+			rr[k].n_tokens = in->ei_ntokens;
+			if (rr[k].n_tokens > IPC_ROUTE_TOKENS_MAX)
+				rr[k].n_tokens = IPC_ROUTE_TOKENS_MAX;
+			rr[k].has_tokens = true;
+		}
+		if (in->ei_routing_key != NULL)
+			rr[k].routing_key = in->ei_routing_key;
+		if (in->ei_rid_key != NULL)
+			rr[k].rid_key = in->ei_rid_key;
+		if (in->ei_has_target_worker) {
+			rr[k].target_worker = in->ei_target_worker;
+			rr[k].has_target_worker = true;
+		}
+		if (in->ei_has_implicit_key) {
+			rr[k].implicit_key = in->ei_implicit_key;
+			rr[k].has_implicit_key = true;
+		}
+		rr[k].attempt = items[k]->di_attempt;
+		rr[k].exclude_slots = (uint32_t *)items[k]->di_exclude;
+		rr[k].n_exclude_slots = items[k]->di_nexclude;
+		rr[k].size = in->ei_size;
+		rrp[k] = &rr[k];
+		if (big) {
+			cut_in = in;
+			cut_at = decide_cut_text(in);
+			saved = in->ei_text[cut_at];
+			in->ei_text[cut_at] = '\0';
+		}
+		sz = smg__route_request__get_packed_size(&rr[k]) +
+		    DECIDE_ITEM_FRAMING;
+		if (sz > budget) {
+			if (big) {
+				in->ei_text[cut_at] = saved;
+				cut_in = NULL;
+			}
+			if (k == 0) {
+				/* Cannot travel even alone (a huge name). */
+				rv = -2;
+				goto out;
+			}
+			break; /* the rest goes in the next message */
+		}
+		budget -= sz;
+	}
+	rb.n_requests = k;
+	rb.requests = rrp;
 	m.version = IPC_VERSION;
 	m.body_case = SMG__FRONTEND_MSG__BODY_ROUTE_BATCH;
 	m.route_batch = &rb;
@@ -350,8 +418,12 @@ decide_send(struct decide_batch *b, struct decide_item **items, size_t n)
 		goto out;
 	decide_noutcomes = 0;
 	ev_timer_stop(fe->fe_loop, &decide_outcome_timer);
-	rv = 0;
+	if (cut_in != NULL)
+		stats_add("smg_broker_routing_text_cut_total", "", 1);
+	rv = (int)k;
 out:
+	if (cut_in != NULL)
+		cut_in->ei_text[cut_at] = saved;
 	free(buf);
 	free(op);
 	free(rrp);
@@ -364,29 +436,46 @@ decide_flush(void)
 {
 	struct decide_batch *b;
 	struct decide_item *it;
-	size_t n = decide_nqueued, i = 0;
+	size_t n, i;
+	int sent;
 
-	b = decide_down ? NULL
-	                : calloc(1, sizeof(*b) + n * sizeof(b->db_items[0]));
-	if (b != NULL) {
+	while (decide_nqueued > 0 && !decide_down) {
+		n = decide_nqueued;
+		i = 0;
+		if ((b = calloc(1, sizeof(*b) + n * sizeof(b->db_items[0]))) ==
+		    NULL)
+			break;
 		TAILQ_FOREACH(it, &decide_queue, di_link)
 		b->db_items[i++] = it;
-		b->db_n = n;
-		if (decide_send(b, b->db_items, n) == 0) {
-			while ((it = TAILQ_FIRST(&decide_queue)) != NULL) {
-				TAILQ_REMOVE(&decide_queue, it, di_link);
-				it->di_queued = false;
-			}
-			decide_nqueued = 0;
-			for (i = 0; i < n; i++) {
-				b->db_items[i]->di_batch = b;
-				b->db_items[i]->di_index = i;
-			}
-			return;
+		if ((sent = decide_send(b, b->db_items, n)) == -2) {
+			free(b);
+			it = TAILQ_FIRST(&decide_queue);
+			log_warnx(
+			    "%s: routing inputs too large for the broker, "
+			    "routing locally",
+			    __func__);
+			TAILQ_REMOVE(&decide_queue, it, di_link);
+			it->di_queued = false;
+			decide_nqueued--;
+			decide_local(it);
+			continue;
 		}
-		free(b);
-		stats_add("smg_broker_errors_total", "reason=\"send\"", 1);
-		decide_set_down(true);
+		if (sent <= 0) {
+			free(b);
+			stats_add("smg_broker_errors_total", "reason=\"send\"",
+			    1);
+			decide_set_down(true);
+			break;
+		}
+		b->db_n = (size_t)sent;
+		for (i = 0; i < b->db_n; i++) {
+			it = b->db_items[i];
+			TAILQ_REMOVE(&decide_queue, it, di_link);
+			it->di_queued = false;
+			it->di_batch = b;
+			it->di_index = i;
+			decide_nqueued--;
+		}
 	}
 	/* Broker away or the send failed: answer locally, now. */
 	while ((it = TAILQ_FIRST(&decide_queue)) != NULL) {
@@ -395,6 +484,16 @@ decide_flush(void)
 		decide_nqueued--;
 		decide_local(it);
 	}
+}
+
+bool
+decide_broker_ready(void)
+{
+	/* No connection, or one whose broker stopped answering pings. */
+	if (ipc_client_down_secs(fe->fe_broker) >= DECIDE_READY_GRACE)
+		return false;
+	return !decide_down ||
+	    ev_time() - decide_down_since < DECIDE_READY_GRACE;
 }
 
 static void
@@ -475,6 +574,7 @@ decide_reply_cb(void *arg, int status, const uint8_t *reply, size_t len)
 		    status == NNG_ETIMEDOUT ? "reason=\"timeout\""
 		                            : "reason=\"error\"",
 		    1);
+		/* Lost connection or deadline: local until a ping answers. */
 		if (status != NNG_ECLOSED)
 			decide_set_down(true);
 	}

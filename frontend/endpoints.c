@@ -46,6 +46,10 @@ endpoint_readiness(struct conn *c, const char *id)
 		cJSON_AddStringToObject(j, "reason",
 		    "insufficient healthy workers");
 		conn_json(c, 503, j, id);
+	} else if (!decide_broker_ready()) {
+		cJSON_AddStringToObject(j, "status", "not ready");
+		cJSON_AddStringToObject(j, "reason", "broker unreachable");
+		conn_json(c, 503, j, id);
 	} else {
 		cJSON_AddStringToObject(j, "status", "ready");
 		cJSON_AddNumberToObject(j, "healthy_workers", healthy);

@@ -402,6 +402,12 @@ bool decide_overloaded(struct shm *shm, unsigned slot, uint32_t generation);
  * smg_worker_overload_shed_total{stage="dispatch"} when it is.
  */
 bool decide_dispatch_shed(const struct decision *d);
+/*
+ * Whether the broker conversation is healthy enough for /readiness: false
+ * once the broker has been unreachable (no connection, or no answer to
+ * pings) for 5 s; decisions are then all local fallbacks.
+ */
+bool decide_broker_ready(void);
 /* Sends an admin request; cb gets the packed BrokerReply or an error. */
 int decide_admin(Smg__AdminRequest *ar,
     void (*cb)(void *arg, int status, const uint8_t *reply, size_t len),

@@ -1,18 +1,17 @@
 /*
- * ipc.h: nng messaging for libev loops, and the envelope codec.
+ * ipc.h: messaging between the processes on their libev loops, and the
+ * envelope codec.
  *
- * Server side (broker): a PULL socket's receive poll fd is watched by an
- * ev_io; on readiness the loop drains with NNG_FLAG_NONBLOCK, no threads
- * involved. A REP socket cannot answer many concurrent requests that way
- * (one request at a time, and a non-blocking reply fails while the pipe is
- * still busy), so REP uses a pool of nng contexts whose completions are
- * queued to the loop like the client's; the caller's callback still runs
- * on the loop and never blocks it.
+ * REQ/REP (frontends -> broker, the decision conversation): nng's SP wire
+ * over a Unix stream socket, driven by each side's own loop with no thread
+ * in between (shared/sp.h); a libnng REQ or REP socket interoperates with
+ * either end. The client keeps many requests in flight on one connection,
+ * matches replies by request id and redials with backoff; the server
+ * answers every peer on its own connection.
  *
- * Client side (frontends): ipc_client sends requests on nng contexts; nng
- * completes them on its own threads, whose callbacks only queue the result
- * under a mutex and ev_async_send the loop. The loop then calls the
- * caller's ipc_reply_cb. This file is the only one that touches threads.
+ * PUSH/PULL (poller -> broker reports): libnng sockets. The server watches
+ * the PULL socket's receive poll fd with an ev_io and drains it with
+ * NNG_FLAG_NONBLOCK; the PUSH client sends without blocking.
  *
  * Codec: ipc_decode_* unpack an envelope, check the version and the size,
  * and return NULL for anything malformed (logged with the peer's name).
@@ -27,10 +26,20 @@
 
 #include "ipc.pb-c.h"
 
-#define IPC_VERSION      1u
-#define IPC_MAX_MSG      (16u * 1024 * 1024) /* NNG_OPT_RECVMAXSZ */
-#define IPC_BROKER_SOCK  "broker.ipc"
-#define IPC_REPORTS_SOCK "reports.ipc"
+#define IPC_VERSION 1u
+/*
+ * The largest envelope either side sends or accepts; a frame over it
+ * closes the connection. The frontend keeps every RouteBatch under it:
+ * each RouteRequest carries at most IPC_ROUTE_TEXT_MAX bytes of routing
+ * text and IPC_ROUTE_TOKENS_MAX token ids (about 9 MiB packed), so one
+ * request always fits beside a full backlog of outcomes, and batches are
+ * split at the limit (docs/decisions.md).
+ */
+#define IPC_MAX_MSG          (16u * 1024 * 1024)
+#define IPC_ROUTE_TEXT_MAX   (4u * 1024 * 1024)
+#define IPC_ROUTE_TOKENS_MAX (1024u * 1024)
+#define IPC_BROKER_SOCK      "broker.ipc"
+#define IPC_REPORTS_SOCK     "reports.ipc"
 
 /* Builds "ipc://<run_dir>/<name>" into buf; -1 if it does not fit. */
 int ipc_url(char *buf, size_t len, const char *run_dir, const char *name);
@@ -55,21 +64,22 @@ enum ipc_server_kind {
 };
 
 /*
- * Listens on url; NULL (logged) on failure. Removes a stale ipc file, but
- * fails when another live process listens on it.
+ * Listens on url (ipc://path); NULL (logged) on failure. Removes a stale
+ * socket file, but fails when another live process listens on it.
  */
 struct ipc_server *ipc_server_new(struct ev_loop *loop, const char *url,
     enum ipc_server_kind kind, ipc_server_cb cb, void *arg);
 void ipc_server_free(struct ipc_server *srv);
 
-/* ---- client: REQ with contexts (frontend), or PUSH (poller) ---- */
+/* ---- client: REQ (frontend), or PUSH (poller) ---- */
 
 struct ipc_client;
 
 /*
- * Completion on the loop thread. status 0: reply holds len bytes, valid
- * only during the call. Otherwise status is an nng error (NNG_ETIMEDOUT,
- * NNG_ECLOSED, ...) and reply is NULL.
+ * Completion on the loop. status 0: reply holds len bytes, valid only
+ * during the call. Otherwise reply is NULL and status is an nng error code:
+ * NNG_ETIMEDOUT (deadline), NNG_ECONNRESET (the connection carrying the
+ * request was lost), NNG_ECLOSED (client freed).
  */
 typedef void (
     *ipc_reply_cb)(void *arg, int status, const uint8_t *reply, size_t len);
@@ -80,35 +90,40 @@ enum ipc_client_kind {
 };
 
 /*
- * Dials url without blocking; nng redials in the background, so the peer
- * may start later or restart at any time. max_inflight bounds concurrent
- * REQ contexts.
+ * Dials url (ipc://path) without blocking and redials in the background,
+ * so the peer may start later or restart at any time. max_inflight bounds
+ * REQ requests waiting for their replies. NULL (logged) on failure.
  */
 struct ipc_client *ipc_client_new(struct ev_loop *loop, const char *url,
     enum ipc_client_kind kind, unsigned max_inflight);
 /*
  * Cancels pending requests: each callback not yet run runs once with
- * NNG_ECLOSED, on the calling (loop) thread, before this returns. Safe to
- * call from an ipc_reply_cb; the remaining callbacks then run with
- * NNG_ECLOSED after it returns. ipc_client_free(NULL) is a no-op.
- * XXX nng 1.5.2 (Debian 12) can hang in nng_close on a REQ socket whose
- * pipe is still receiving replies (fixed upstream in nng 1.8); a process
- * that stops should let its requests finish (drain) before freeing.
+ * NNG_ECLOSED before this returns. Safe to call from an ipc_reply_cb; the
+ * remaining callbacks then run with NNG_ECLOSED after it returns. cl must
+ * not be used afterwards. ipc_client_free(NULL) is a no-op.
  */
 void ipc_client_free(struct ipc_client *cl);
 
 /*
  * REQ: sends a copy of msg and calls cb once, with the reply or an error,
- * no later than timeout_ms. Returns 0, or -1 when no context is free (cb
- * is then not called). PUSH: sends without waiting; cb may be NULL;
- * returns -1 when the message cannot be queued (peer away and queue full);
- * cb is never called for PUSH. A REQ client redials by itself: a request
- * sent while the server is away waits for it until its deadline.
+ * no later than timeout_ms and never from within this call. Returns 0, or
+ * -1 when every request slot is busy or len > IPC_MAX_MSG (cb is then not
+ * called). A request sent while the server is away waits for it until its
+ * deadline; one already written on a connection that is lost completes
+ * with NNG_ECONNRESET (never resent). PUSH: sends without waiting; cb may
+ * be NULL and is never called; -1 when the message cannot be queued (peer
+ * away and queue full) or is over IPC_MAX_MSG.
  */
 int ipc_client_send(struct ipc_client *cl, const uint8_t *msg, size_t len,
     unsigned timeout_ms, ipc_reply_cb cb, void *arg);
 /* Requests sent and not yet completed. */
 unsigned ipc_client_inflight(struct ipc_client *cl);
+/*
+ * REQ: 0 while connected to the server (headers exchanged), else the
+ * seconds since it was last connected or since the client was made.
+ * PUSH: always 0.
+ */
+double ipc_client_down_secs(struct ipc_client *cl);
 
 /* ---- envelopes ---- */
 

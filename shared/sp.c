@@ -1,0 +1,1114 @@
+/* sp.c: SP REQ/REP over Unix stream sockets on a libev loop. */
+#include "shared/sp.h"
+
+#include <sys/queue.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <nng/nng.h>
+
+#include "shared/log.h"
+#include "shared/xmalloc.h"
+
+#define SP_RECONN_MIN     0.02
+#define SP_RECONN_MAX     0.5
+#define SP_HANDSHAKE_SECS 2.0 /* seconds for connect plus headers */
+#define SP_READ_CHUNK     (64 * 1024)
+#define SP_SHRINK_ABOVE   (1024 * 1024) /* an idle buffer larger is freed */
+#define SP_ACCEPT_BURST   64
+#define SP_ACCEPT_PAUSE   0.1
+#define SP_LISTEN_QUEUE   128
+
+#define SP_CONTAINER_OF(p, type, member)                                       \
+	((type *)(void *)((char *)(p)-offsetof(type, member)))
+
+/* A byte buffer: live bytes are b_data[b_off .. b_off + b_len). */
+struct sp_buf {
+	uint8_t *b_data;
+	size_t b_off;
+	size_t b_len;
+	size_t b_cap;
+};
+
+/* One stream connection, either side. */
+struct sp_conn {
+	int c_fd;
+	ev_io c_io;
+	int c_events;
+	uint16_t c_peer; /* protocol id the peer must announce */
+	bool c_open; /* both headers exchanged */
+	size_t c_max; /* frame payload limit */
+	struct sp_buf c_in;
+	struct sp_buf c_out;
+};
+
+enum sp_cstate {
+	SP_IDLE = 0, /* no socket; the timer redials */
+	SP_CONNECTING, /* connect(2) in progress */
+	SP_HANDSHAKE, /* connected, headers being exchanged */
+	SP_OPEN,
+};
+
+struct sp_req {
+	struct sp_client *rq_cl;
+	uint32_t rq_id;
+	bool rq_busy;
+	bool rq_framed; /* written to the current connection's output */
+	sp_reply_cb rq_cb;
+	void *rq_arg;
+	uint8_t *rq_msg; /* copy held until framed */
+	size_t rq_len;
+	ev_timer rq_timer;
+	TAILQ_ENTRY(sp_req) rq_link; /* idle list or wait queue */
+};
+TAILQ_HEAD(sp_req_list, sp_req);
+
+struct sp_client {
+	struct ev_loop *cl_loop;
+	struct sockaddr_un cl_sun;
+	enum sp_cstate cl_state;
+	struct sp_conn cl_conn;
+	ev_timer cl_timer; /* redial, handshake deadline, deferred loss */
+	bool cl_broken; /* a write failed outside a loop callback */
+	double cl_backoff;
+	ev_tstamp cl_down_since;
+	struct sp_req *cl_reqs;
+	unsigned cl_nreq;
+	unsigned cl_slot_bits;
+	uint32_t cl_seq;
+	unsigned cl_inflight;
+	struct sp_req_list cl_idle;
+	struct sp_req_list cl_wait; /* sent while no connection was up */
+	int cl_depth; /* loop callbacks on the stack */
+	bool cl_free_pending;
+	bool cl_closing;
+	void *cl_owner; /* freed with the client */
+};
+
+struct sp_sconn {
+	struct sp_server *sc_srv;
+	struct sp_conn sc_conn;
+	ev_timer sc_timer; /* handshake deadline */
+	bool sc_dead;
+	TAILQ_ENTRY(sp_sconn) sc_link;
+};
+
+struct sp_server {
+	struct ev_loop *srv_loop;
+	int srv_fd;
+	ev_io srv_io;
+	ev_timer srv_pause; /* accept paused: out of descriptors */
+	char srv_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+	dev_t srv_dev;
+	ino_t srv_ino;
+	size_t srv_max;
+	sp_request_cb srv_cb;
+	void *srv_arg;
+	TAILQ_HEAD(, sp_sconn) srv_conns;
+	unsigned srv_nconns;
+	int srv_depth;
+	bool srv_free_pending;
+};
+
+static void sp_buf_free(struct sp_buf *);
+static int sp_buf_reserve(struct sp_buf *, size_t);
+static int sp_buf_append(struct sp_buf *, const void *, size_t);
+static void sp_buf_consume(struct sp_buf *, size_t);
+static int sp_nonblock(int);
+static void sp_conn_init(struct sp_conn *, int, uint16_t, uint16_t, size_t);
+static void sp_conn_close(struct ev_loop *, struct sp_conn *);
+static void sp_conn_events(struct ev_loop *, struct sp_conn *, int);
+static int sp_conn_read(struct sp_conn *);
+static int sp_conn_flush(struct ev_loop *, struct sp_conn *);
+static int sp_conn_frame(struct sp_conn *, const uint8_t *, size_t,
+    const uint8_t *, size_t);
+static int sp_conn_next(struct sp_conn *, const uint8_t **, size_t *, size_t *);
+static void sp_client_dial(struct sp_client *);
+static void sp_client_lost(struct sp_client *, const char *);
+static void sp_client_opened(struct sp_client *);
+static void sp_client_io_cb(struct ev_loop *, ev_io *, int);
+static void sp_client_timer_cb(struct ev_loop *, ev_timer *, int);
+static void sp_client_req_timer_cb(struct ev_loop *, ev_timer *, int);
+static void sp_client_complete(struct sp_client *, struct sp_req *, int,
+    const uint8_t *, size_t);
+static int sp_client_frame_req(struct sp_client *, struct sp_req *,
+    const uint8_t *, size_t);
+static void sp_client_reply(struct sp_client *, const uint8_t *, size_t);
+static void sp_client_leave(struct sp_client *);
+static void sp_client_destroy(struct sp_client *);
+static void sp_server_accept_cb(struct ev_loop *, ev_io *, int);
+static void sp_server_pause_cb(struct ev_loop *, ev_timer *, int);
+static void sp_server_conn_cb(struct ev_loop *, ev_io *, int);
+static void sp_server_hs_cb(struct ev_loop *, ev_timer *, int);
+static void sp_server_drop(struct sp_server *, struct sp_sconn *);
+static void sp_server_request(struct sp_server *, struct sp_sconn *,
+    const uint8_t *, size_t);
+static void sp_server_leave(struct sp_server *);
+static void sp_server_destroy(struct sp_server *);
+
+/* ------------------------------------------------------------------ codec */
+
+void
+sp_header_make(uint8_t h[SP_HEADER_LEN], uint16_t self)
+{
+	h[0] = 0;
+	h[1] = 'S';
+	h[2] = 'P';
+	h[3] = 0;
+	h[4] = (uint8_t)(self >> 8);
+	h[5] = (uint8_t)self;
+	h[6] = 0;
+	h[7] = 0;
+}
+
+int
+sp_header_check(const uint8_t h[SP_HEADER_LEN], uint16_t peer)
+{
+	if (h[0] != 0 || h[1] != 'S' || h[2] != 'P' || h[3] != 0 || h[6] != 0 ||
+	    h[7] != 0)
+		return -1;
+	if ((uint16_t)((h[4] << 8) | h[5]) != peer)
+		return -1;
+	return 0;
+}
+
+void
+sp_frame_head(uint8_t h[SP_FRAME_HEAD], uint64_t len)
+{
+	int i;
+
+	h[0] = 1;
+	for (i = 0; i < 8; i++)
+		h[1 + i] = (uint8_t)(len >> (56 - 8 * i));
+}
+
+enum sp_frame_status
+sp_frame_parse(const uint8_t *buf, size_t len, size_t max,
+    const uint8_t **payload, size_t *plen, size_t *used)
+{
+	uint64_t n = 0;
+	int i;
+
+	*used = 0;
+	if (len == 0)
+		return SP_FRAME_NEED;
+	if (buf[0] != 1)
+		return SP_FRAME_BAD;
+	if (len < SP_FRAME_HEAD)
+		return SP_FRAME_NEED;
+	for (i = 0; i < 8; i++)
+		n = n << 8 | buf[1 + i];
+	if (n > max)
+		return SP_FRAME_TOO_LARGE;
+	*used = SP_FRAME_HEAD + (size_t)n;
+	if (len - SP_FRAME_HEAD < n)
+		return SP_FRAME_NEED;
+	*payload = buf + SP_FRAME_HEAD;
+	*plen = (size_t)n;
+	return SP_FRAME_OK;
+}
+
+int
+sp_backtrace_len(const uint8_t *p, size_t len)
+{
+	size_t off;
+	int hops;
+
+	for (hops = 1, off = 0;; hops++, off += 4) {
+		if (hops > SP_MAX_HOPS)
+			return 0;
+		if (len - off < 4)
+			return -1;
+		if (p[off] & 0x80)
+			return (int)(off + 4);
+	}
+}
+
+/* ---------------------------------------------------------------- buffers */
+
+static void
+sp_buf_free(struct sp_buf *b)
+{
+	free(b->b_data);
+	memset(b, 0, sizeof(*b));
+}
+
+/* Room for n more bytes after the live ones; -1 when out of memory. */
+static int
+sp_buf_reserve(struct sp_buf *b, size_t n)
+{
+	size_t cap;
+	uint8_t *p;
+
+	if (b->b_cap - b->b_off - b->b_len >= n)
+		return 0;
+	if (b->b_off > 0) {
+		memmove(b->b_data, b->b_data + b->b_off, b->b_len);
+		b->b_off = 0;
+		if (b->b_cap - b->b_len >= n)
+			return 0;
+	}
+	cap = b->b_cap > 0 ? b->b_cap : SP_READ_CHUNK;
+	while (cap - b->b_len < n) {
+		if (cap > SIZE_MAX / 2)
+			return -1;
+		cap *= 2;
+	}
+	if ((p = realloc(b->b_data, cap)) == NULL) {
+		log_warnx("%s: out of memory (%zu bytes)", __func__, cap);
+		return -1;
+	}
+	b->b_data = p;
+	b->b_cap = cap;
+	return 0;
+}
+
+static int
+sp_buf_append(struct sp_buf *b, const void *p, size_t n)
+{
+	if (n == 0)
+		return 0;
+	if (sp_buf_reserve(b, n) == -1)
+		return -1;
+	memcpy(b->b_data + b->b_off + b->b_len, p, n);
+	b->b_len += n;
+	return 0;
+}
+
+static void
+sp_buf_consume(struct sp_buf *b, size_t n)
+{
+	b->b_off += n;
+	b->b_len -= n;
+	if (b->b_len == 0) {
+		b->b_off = 0;
+		/* One huge frame must not pin its buffer for good. */
+		if (b->b_cap > SP_SHRINK_ABOVE)
+			sp_buf_free(b);
+	}
+}
+
+/* ------------------------------------------------------------ connections */
+
+static int
+sp_nonblock(int fd)
+{
+	int fl;
+
+	if ((fl = fcntl(fd, F_GETFL)) == -1 ||
+	    fcntl(fd, F_SETFL, fl | O_NONBLOCK) == -1 ||
+	    fcntl(fd, F_SETFD, FD_CLOEXEC) == -1)
+		return -1;
+	return 0;
+}
+
+/* Our header goes first into the output; the peer's is awaited. */
+static void
+sp_conn_init(struct sp_conn *c, int fd, uint16_t self, uint16_t peer,
+    size_t max)
+{
+	uint8_t h[SP_HEADER_LEN];
+
+	memset(&c->c_in, 0, sizeof(c->c_in));
+	memset(&c->c_out, 0, sizeof(c->c_out));
+	c->c_fd = fd;
+	c->c_events = 0;
+	c->c_peer = peer;
+	c->c_open = false;
+	c->c_max = max;
+	sp_header_make(h, self);
+	(void)sp_buf_append(&c->c_out, h, sizeof(h));
+}
+
+static void
+sp_conn_close(struct ev_loop *loop, struct sp_conn *c)
+{
+	if (c->c_fd == -1)
+		return;
+	ev_io_stop(loop, &c->c_io);
+	close(c->c_fd);
+	c->c_fd = -1;
+	c->c_events = 0;
+	c->c_open = false;
+	sp_buf_free(&c->c_in);
+	sp_buf_free(&c->c_out);
+}
+
+static void
+sp_conn_events(struct ev_loop *loop, struct sp_conn *c, int events)
+{
+	if (c->c_events == events)
+		return;
+	ev_io_stop(loop, &c->c_io);
+	ev_io_set(&c->c_io, c->c_fd, events);
+	if (events != 0)
+		ev_io_start(loop, &c->c_io);
+	c->c_events = events;
+}
+
+/* One read; -1 on end of file or error (the connection is done). */
+static int
+sp_conn_read(struct sp_conn *c)
+{
+	size_t want = SP_READ_CHUNK, need = 0;
+	const uint8_t *p;
+	size_t plen;
+	ssize_t n;
+
+	/* A frame whose head is in: make room for all of it at once. */
+	if (c->c_open && c->c_in.b_len > 0 &&
+	    sp_frame_parse(c->c_in.b_data + c->c_in.b_off, c->c_in.b_len,
+	        c->c_max, &p, &plen, &need) == SP_FRAME_NEED &&
+	    need > c->c_in.b_len && need - c->c_in.b_len > want)
+		want = need - c->c_in.b_len;
+	if (sp_buf_reserve(&c->c_in, want) == -1)
+		return -1;
+	n = read(c->c_fd, c->c_in.b_data + c->c_in.b_off + c->c_in.b_len,
+	    c->c_in.b_cap - c->c_in.b_off - c->c_in.b_len);
+	if (n == -1)
+		return errno == EAGAIN || errno == EINTR ? 0 : -1;
+	if (n == 0)
+		return -1;
+	c->c_in.b_len += (size_t)n;
+	return 0;
+}
+
+/* Writes what it can; EV_WRITE waits for the rest. -1: connection done. */
+static int
+sp_conn_flush(struct ev_loop *loop, struct sp_conn *c)
+{
+	ssize_t n;
+
+	while (c->c_out.b_len > 0) {
+		n = send(c->c_fd, c->c_out.b_data + c->c_out.b_off,
+		    c->c_out.b_len, MSG_NOSIGNAL);
+		if (n == -1 && errno == EINTR)
+			continue;
+		if (n == -1 && errno == EAGAIN)
+			break;
+		if (n == -1)
+			return -1;
+		sp_buf_consume(&c->c_out, (size_t)n);
+	}
+	sp_conn_events(loop, c, EV_READ | (c->c_out.b_len > 0 ? EV_WRITE : 0));
+	return 0;
+}
+
+/* Appends one frame: head, then a (the backtrace or id), then b. */
+static int
+sp_conn_frame(struct sp_conn *c, const uint8_t *a, size_t alen,
+    const uint8_t *b, size_t blen)
+{
+	uint8_t h[SP_FRAME_HEAD];
+
+	sp_frame_head(h, (uint64_t)alen + blen);
+	if (sp_buf_reserve(&c->c_out, sizeof(h) + alen + blen) == -1)
+		return -1;
+	(void)sp_buf_append(&c->c_out, h, sizeof(h));
+	(void)sp_buf_append(&c->c_out, a, alen);
+	(void)sp_buf_append(&c->c_out, b, blen);
+	return 0;
+}
+
+/*
+ * The next unit of input: the peer's header (checked, then consumed) or a
+ * whole frame. 2: the header was good (the connection is open); 1: a
+ * frame (*payload, *plen; consume *used after use); 0: need more input;
+ * -1: the connection must close (logged).
+ */
+static int
+sp_conn_next(struct sp_conn *c, const uint8_t **payload, size_t *plen,
+    size_t *used)
+{
+	const uint8_t *in;
+
+	if (!c->c_open) {
+		if (c->c_in.b_len < SP_HEADER_LEN)
+			return 0;
+		if (sp_header_check(c->c_in.b_data + c->c_in.b_off,
+		        c->c_peer) == -1) {
+			log_warnx("sp: peer is not an SP protocol 0x%x peer",
+			    c->c_peer);
+			return -1;
+		}
+		sp_buf_consume(&c->c_in, SP_HEADER_LEN);
+		c->c_open = true;
+		return 2;
+	}
+	if (c->c_in.b_len == 0)
+		return 0;
+	in = c->c_in.b_data + c->c_in.b_off;
+	switch (
+	    sp_frame_parse(in, c->c_in.b_len, c->c_max, payload, plen, used)) {
+	case SP_FRAME_OK:
+		return 1;
+	case SP_FRAME_NEED:
+		return 0;
+	case SP_FRAME_BAD:
+		log_warnx("sp: frame of unknown type %u", in[0]);
+		return -1;
+	case SP_FRAME_TOO_LARGE:
+	default:
+		log_warnx("sp: frame over %zu bytes", c->c_max);
+		return -1;
+	}
+}
+
+/* ----------------------------------------------------------------- client */
+
+struct sp_client *
+sp_client_new(struct ev_loop *loop, const char *path, unsigned max_inflight,
+    size_t max_frame)
+{
+	struct sp_client *cl;
+	unsigned i;
+
+	cl = xcalloc(1, sizeof(*cl));
+	if (strlen(path) >= sizeof(cl->cl_sun.sun_path)) {
+		log_warnx("%s: %s: path too long", __func__, path);
+		free(cl);
+		return NULL;
+	}
+	cl->cl_sun.sun_family = AF_UNIX;
+	memcpy(cl->cl_sun.sun_path, path, strlen(path) + 1);
+	cl->cl_loop = loop;
+	cl->cl_conn.c_fd = -1;
+	cl->cl_backoff = SP_RECONN_MIN;
+	cl->cl_down_since = ev_time();
+	if (max_inflight == 0)
+		max_inflight = 1;
+	if (max_inflight > SP_MAX_REQUEST)
+		max_inflight = SP_MAX_REQUEST;
+	cl->cl_nreq = max_inflight;
+	while ((1u << cl->cl_slot_bits) < max_inflight)
+		cl->cl_slot_bits++;
+	cl->cl_conn.c_max = max_frame;
+	TAILQ_INIT(&cl->cl_idle);
+	TAILQ_INIT(&cl->cl_wait);
+	cl->cl_reqs = xcalloc(max_inflight, sizeof(*cl->cl_reqs));
+	for (i = 0; i < max_inflight; i++) {
+		cl->cl_reqs[i].rq_cl = cl;
+		ev_timer_init(&cl->cl_reqs[i].rq_timer, sp_client_req_timer_cb,
+		    0., 0.);
+		TAILQ_INSERT_TAIL(&cl->cl_idle, &cl->cl_reqs[i], rq_link);
+	}
+	ev_io_init(&cl->cl_conn.c_io, sp_client_io_cb, -1, 0);
+	ev_timer_init(&cl->cl_timer, sp_client_timer_cb, 0., 0.);
+	sp_client_dial(cl);
+	return cl;
+}
+
+void
+sp_client_free_with(struct sp_client *cl, void *owner)
+{
+	if (cl == NULL || cl->cl_free_pending || cl->cl_closing) {
+		if (cl == NULL)
+			free(owner);
+		return;
+	}
+	cl->cl_owner = owner;
+	sp_client_free(cl);
+}
+
+void
+sp_client_free(struct sp_client *cl)
+{
+	if (cl == NULL || cl->cl_free_pending || cl->cl_closing)
+		return;
+	if (cl->cl_depth > 0) {
+		cl->cl_free_pending = true;
+		return;
+	}
+	sp_client_destroy(cl);
+}
+
+static void
+sp_client_destroy(struct sp_client *cl)
+{
+	unsigned i;
+
+	cl->cl_closing = true;
+	cl->cl_depth++;
+	for (i = 0; i < cl->cl_nreq; i++)
+		if (cl->cl_reqs[i].rq_busy)
+			sp_client_complete(cl, &cl->cl_reqs[i], NNG_ECLOSED,
+			    NULL, 0);
+	cl->cl_depth--;
+	ev_timer_stop(cl->cl_loop, &cl->cl_timer);
+	sp_conn_close(cl->cl_loop, &cl->cl_conn);
+	free(cl->cl_owner);
+	free(cl->cl_reqs);
+	free(cl);
+}
+
+/*
+ * Called on the way out of every loop callback: a deferred free, and the
+ * output callbacks queued.
+ */
+static void
+sp_client_leave(struct sp_client *cl)
+{
+	if (--cl->cl_depth > 0)
+		return;
+	if (cl->cl_free_pending) {
+		sp_client_destroy(cl);
+		return;
+	}
+	/* Requests a callback sent from a timer go out now. */
+	if (cl->cl_state == SP_OPEN && !cl->cl_broken &&
+	    cl->cl_conn.c_out.b_len > 0 && !(cl->cl_conn.c_events & EV_WRITE) &&
+	    sp_conn_flush(cl->cl_loop, &cl->cl_conn) == -1) {
+		cl->cl_depth++;
+		sp_client_lost(cl, "send");
+		sp_client_leave(cl);
+	}
+}
+
+int
+sp_client_send(struct sp_client *cl, const uint8_t *msg, size_t len,
+    unsigned timeout_ms, sp_reply_cb cb, void *arg)
+{
+	struct sp_req *rq;
+	uint32_t slot;
+
+	if (cl == NULL || cl->cl_closing || cl->cl_free_pending)
+		return -1;
+	if (len > cl->cl_conn.c_max - 4) {
+		log_warnx("%s: %zu-byte request over the %zu-byte frame limit",
+		    __func__, len, cl->cl_conn.c_max);
+		return -1;
+	}
+	if ((rq = TAILQ_FIRST(&cl->cl_idle)) == NULL)
+		return -1;
+	slot = (uint32_t)(rq - cl->cl_reqs);
+	cl->cl_seq++;
+	rq->rq_id = SP_ID_FLAG |
+	    (((cl->cl_seq << cl->cl_slot_bits) | slot) & ~SP_ID_FLAG);
+	rq->rq_cb = cb;
+	rq->rq_arg = arg;
+	rq->rq_framed = false;
+	rq->rq_msg = NULL;
+	rq->rq_len = len;
+	if (cl->cl_state != SP_OPEN || cl->cl_broken) {
+		if ((rq->rq_msg = malloc(len > 0 ? len : 1)) == NULL) {
+			log_warnx("%s: out of memory", __func__);
+			return -1;
+		}
+		if (len > 0)
+			memcpy(rq->rq_msg, msg, len);
+	} else if (sp_client_frame_req(cl, rq, msg, len) == -1)
+		return -1;
+	TAILQ_REMOVE(&cl->cl_idle, rq, rq_link);
+	rq->rq_busy = true;
+	cl->cl_inflight++;
+	if (!rq->rq_framed)
+		TAILQ_INSERT_TAIL(&cl->cl_wait, rq, rq_link);
+	ev_timer_set(&rq->rq_timer, (timeout_ms > 0 ? timeout_ms : 1) / 1000.,
+	    0.);
+	ev_timer_start(cl->cl_loop, &rq->rq_timer);
+	if (rq->rq_framed && cl->cl_depth == 0 &&
+	    sp_conn_flush(cl->cl_loop, &cl->cl_conn) == -1) {
+		/* Never complete from inside this call: defer the loss. */
+		cl->cl_broken = true;
+		ev_timer_stop(cl->cl_loop, &cl->cl_timer);
+		ev_timer_set(&cl->cl_timer, 0., 0.);
+		ev_timer_start(cl->cl_loop, &cl->cl_timer);
+	}
+	return 0;
+}
+
+/* Frames rq's message on the open connection. */
+static int
+sp_client_frame_req(struct sp_client *cl, struct sp_req *rq, const uint8_t *msg,
+    size_t len)
+{
+	uint8_t id[4];
+
+	id[0] = (uint8_t)(rq->rq_id >> 24);
+	id[1] = (uint8_t)(rq->rq_id >> 16);
+	id[2] = (uint8_t)(rq->rq_id >> 8);
+	id[3] = (uint8_t)rq->rq_id;
+	if (sp_conn_frame(&cl->cl_conn, id, sizeof(id), msg, len) == -1)
+		return -1;
+	rq->rq_framed = true;
+	return 0;
+}
+
+unsigned
+sp_client_inflight(const struct sp_client *cl)
+{
+	return cl == NULL ? 0 : cl->cl_inflight;
+}
+
+double
+sp_client_down_secs(const struct sp_client *cl)
+{
+	double d;
+
+	if (cl == NULL || cl->cl_state == SP_OPEN)
+		return 0.;
+	d = ev_time() - cl->cl_down_since;
+	return d > 0. ? d : 0.;
+}
+
+/* Starts a connection attempt; failures wait for the backoff timer. */
+static void
+sp_client_dial(struct sp_client *cl)
+{
+	struct sp_conn *c = &cl->cl_conn;
+	int fd;
+
+	if ((fd = socket(AF_UNIX, SOCK_STREAM, 0)) == -1) {
+		log_warn("%s: socket", __func__);
+		sp_client_lost(cl, NULL);
+		return;
+	}
+	if (sp_nonblock(fd) == -1) {
+		log_warn("%s: fcntl", __func__);
+		close(fd);
+		sp_client_lost(cl, NULL);
+		return;
+	}
+	sp_conn_init(c, fd, SP_PROTO_REQ0, SP_PROTO_REP0, c->c_max);
+	ev_timer_stop(cl->cl_loop, &cl->cl_timer);
+	ev_timer_set(&cl->cl_timer, SP_HANDSHAKE_SECS, 0.);
+	ev_timer_start(cl->cl_loop, &cl->cl_timer);
+	if (connect(fd, (struct sockaddr *)&cl->cl_sun, sizeof(cl->cl_sun)) ==
+	    0) {
+		cl->cl_state = SP_HANDSHAKE;
+		if (sp_conn_flush(cl->cl_loop, c) == -1)
+			sp_client_lost(cl, "send");
+		return;
+	}
+	if (errno == EINPROGRESS) {
+		cl->cl_state = SP_CONNECTING;
+		sp_conn_events(cl->cl_loop, c, EV_WRITE);
+		return;
+	}
+	log_debug("%s: %s: %s", __func__, cl->cl_sun.sun_path, strerror(errno));
+	sp_client_lost(cl, NULL);
+}
+
+/*
+ * The connection is gone (or never came): requests framed on it complete
+ * with NNG_ECONNRESET, those waiting for a connection keep waiting, and
+ * the next dial is scheduled after the backoff.
+ */
+static void
+sp_client_lost(struct sp_client *cl, const char *why)
+{
+	struct sp_req_list done;
+	struct sp_req *rq;
+	unsigned i;
+
+	if (why != NULL && cl->cl_state == SP_OPEN)
+		log_warnx("%s: connection to %s lost: %s", __func__,
+		    cl->cl_sun.sun_path, why);
+	if (cl->cl_state == SP_OPEN)
+		cl->cl_down_since = ev_time();
+	sp_conn_close(cl->cl_loop, &cl->cl_conn);
+	cl->cl_state = SP_IDLE;
+	cl->cl_broken = false;
+	ev_timer_stop(cl->cl_loop, &cl->cl_timer);
+	ev_timer_set(&cl->cl_timer, cl->cl_backoff, 0.);
+	ev_timer_start(cl->cl_loop, &cl->cl_timer);
+	cl->cl_backoff *= 2;
+	if (cl->cl_backoff > SP_RECONN_MAX)
+		cl->cl_backoff = SP_RECONN_MAX;
+
+	TAILQ_INIT(&done);
+	for (i = 0; i < cl->cl_nreq; i++) {
+		rq = &cl->cl_reqs[i];
+		if (rq->rq_busy && rq->rq_framed)
+			TAILQ_INSERT_TAIL(&done, rq, rq_link);
+	}
+	/* A callback may free the client: stop when it does. */
+	while ((rq = TAILQ_FIRST(&done)) != NULL && !cl->cl_free_pending) {
+		TAILQ_REMOVE(&done, rq, rq_link);
+		sp_client_complete(cl, rq, NNG_ECONNRESET, NULL, 0);
+	}
+}
+
+/* Headers exchanged: frame everything that waited for a connection. */
+static void
+sp_client_opened(struct sp_client *cl)
+{
+	struct sp_req *rq;
+
+	cl->cl_state = SP_OPEN;
+	cl->cl_backoff = SP_RECONN_MIN;
+	ev_timer_stop(cl->cl_loop, &cl->cl_timer);
+	while ((rq = TAILQ_FIRST(&cl->cl_wait)) != NULL) {
+		if (sp_client_frame_req(cl, rq, rq->rq_msg, rq->rq_len) == -1)
+			break;
+		TAILQ_REMOVE(&cl->cl_wait, rq, rq_link);
+		free(rq->rq_msg);
+		rq->rq_msg = NULL;
+	}
+}
+
+static void
+sp_client_io_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+	struct sp_client *cl =
+	    SP_CONTAINER_OF(w, struct sp_client, cl_conn.c_io);
+	struct sp_conn *c = &cl->cl_conn;
+	const uint8_t *p;
+	size_t plen, used;
+	socklen_t sl;
+	int rv, err;
+
+	(void)loop;
+	cl->cl_depth++;
+	if (cl->cl_state == SP_CONNECTING) {
+		sl = sizeof(err);
+		if (getsockopt(c->c_fd, SOL_SOCKET, SO_ERROR, &err, &sl) ==
+		        -1 ||
+		    err != 0) {
+			sp_client_lost(cl, NULL);
+			goto out;
+		}
+		cl->cl_state = SP_HANDSHAKE;
+	}
+	if ((revents & EV_READ) && sp_conn_read(c) == -1) {
+		sp_client_lost(cl, "end of stream");
+		goto out;
+	}
+	while (!cl->cl_free_pending && c->c_fd != -1 &&
+	    (rv = sp_conn_next(c, &p, &plen, &used)) != 0) {
+		if (rv == -1) {
+			sp_client_lost(cl, "protocol error");
+			goto out;
+		}
+		if (rv == 2) {
+			sp_client_opened(cl);
+			continue;
+		}
+		sp_client_reply(cl, p, plen);
+		/* A callback's send may have lost the connection. */
+		if (c->c_fd != -1)
+			sp_buf_consume(&c->c_in, used);
+	}
+	if (cl->cl_free_pending || c->c_fd == -1)
+		goto out;
+	if (sp_conn_flush(loop, c) == -1)
+		sp_client_lost(cl, "send");
+out:
+	sp_client_leave(cl);
+}
+
+/* A reply: the id picks the request; a late or unknown one is dropped. */
+static void
+sp_client_reply(struct sp_client *cl, const uint8_t *p, size_t len)
+{
+	struct sp_req *rq;
+	uint32_t id, slot;
+
+	if (len < 4 || !(p[0] & 0x80)) {
+		log_warnx("%s: malformed reply (%zu bytes)", __func__, len);
+		sp_client_lost(cl, "malformed reply");
+		return;
+	}
+	id = (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 |
+	    p[3];
+	slot = id & ((1u << cl->cl_slot_bits) - 1);
+	if (slot >= cl->cl_nreq)
+		return;
+	rq = &cl->cl_reqs[slot];
+	if (!rq->rq_busy || !rq->rq_framed || rq->rq_id != id)
+		return;
+	sp_client_complete(cl, rq, 0, p + 4, len - 4);
+}
+
+/* Frees the slot, then tells the caller (who may send or free). */
+static void
+sp_client_complete(struct sp_client *cl, struct sp_req *rq, int status,
+    const uint8_t *reply, size_t len)
+{
+	sp_reply_cb cb = rq->rq_cb;
+	void *arg = rq->rq_arg;
+
+	ev_timer_stop(cl->cl_loop, &rq->rq_timer);
+	if (!rq->rq_framed)
+		TAILQ_REMOVE(&cl->cl_wait, rq, rq_link);
+	free(rq->rq_msg);
+	rq->rq_msg = NULL;
+	rq->rq_busy = false;
+	rq->rq_framed = false;
+	rq->rq_cb = NULL;
+	rq->rq_arg = NULL;
+	TAILQ_INSERT_TAIL(&cl->cl_idle, rq, rq_link);
+	cl->cl_inflight--;
+	if (cb != NULL)
+		cb(arg, status, status == 0 ? reply : NULL,
+		    status == 0 ? len : 0);
+}
+
+static void
+sp_client_timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	struct sp_client *cl = SP_CONTAINER_OF(w, struct sp_client, cl_timer);
+
+	(void)loop;
+	(void)revents;
+	cl->cl_depth++;
+	if (cl->cl_broken)
+		sp_client_lost(cl, "send");
+	else if (cl->cl_state == SP_IDLE)
+		sp_client_dial(cl);
+	else if (cl->cl_state != SP_OPEN) {
+		log_debug("%s: %s: no handshake in time", __func__,
+		    cl->cl_sun.sun_path);
+		sp_client_lost(cl, NULL);
+	}
+	sp_client_leave(cl);
+}
+
+static void
+sp_client_req_timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	struct sp_req *rq = SP_CONTAINER_OF(w, struct sp_req, rq_timer);
+	struct sp_client *cl = rq->rq_cl;
+
+	(void)loop;
+	(void)revents;
+	cl->cl_depth++;
+	if (rq->rq_busy)
+		sp_client_complete(cl, rq, NNG_ETIMEDOUT, NULL, 0);
+	sp_client_leave(cl);
+}
+
+/* ----------------------------------------------------------------- server */
+
+struct sp_server *
+sp_server_new(struct ev_loop *loop, const char *path, size_t max_frame,
+    sp_request_cb cb, void *arg)
+{
+	struct sp_server *srv;
+	struct sockaddr_un sun;
+	struct stat st;
+	int fd;
+
+	memset(&sun, 0, sizeof(sun));
+	if (strlen(path) >= sizeof(sun.sun_path)) {
+		log_warnx("%s: %s: path too long", __func__, path);
+		return NULL;
+	}
+	sun.sun_family = AF_UNIX;
+	memcpy(sun.sun_path, path, strlen(path) + 1);
+	if ((fd = socket(AF_UNIX, SOCK_STREAM, 0)) == -1) {
+		log_warn("%s: socket", __func__);
+		return NULL;
+	}
+	if (sp_nonblock(fd) == -1 ||
+	    bind(fd, (struct sockaddr *)&sun, sizeof(sun)) == -1 ||
+	    listen(fd, SP_LISTEN_QUEUE) == -1 || stat(path, &st) == -1) {
+		log_warn("%s: listen %s", __func__, path);
+		close(fd);
+		return NULL;
+	}
+	srv = xcalloc(1, sizeof(*srv));
+	srv->srv_loop = loop;
+	srv->srv_fd = fd;
+	memcpy(srv->srv_path, path, strlen(path) + 1);
+	srv->srv_dev = st.st_dev;
+	srv->srv_ino = st.st_ino;
+	srv->srv_max = max_frame;
+	srv->srv_cb = cb;
+	srv->srv_arg = arg;
+	TAILQ_INIT(&srv->srv_conns);
+	ev_io_init(&srv->srv_io, sp_server_accept_cb, fd, EV_READ);
+	ev_io_start(loop, &srv->srv_io);
+	ev_timer_init(&srv->srv_pause, sp_server_pause_cb, SP_ACCEPT_PAUSE, 0.);
+	return srv;
+}
+
+void
+sp_server_free(struct sp_server *srv)
+{
+	if (srv == NULL || srv->srv_free_pending)
+		return;
+	if (srv->srv_depth > 0) {
+		srv->srv_free_pending = true;
+		return;
+	}
+	sp_server_destroy(srv);
+}
+
+static void
+sp_server_destroy(struct sp_server *srv)
+{
+	struct sp_sconn *sc;
+	struct stat st;
+
+	while ((sc = TAILQ_FIRST(&srv->srv_conns)) != NULL)
+		sp_server_drop(srv, sc);
+	ev_io_stop(srv->srv_loop, &srv->srv_io);
+	ev_timer_stop(srv->srv_loop, &srv->srv_pause);
+	close(srv->srv_fd);
+	/* A successor may already listen on the path: leave its file. */
+	if (stat(srv->srv_path, &st) == 0 && st.st_dev == srv->srv_dev &&
+	    st.st_ino == srv->srv_ino)
+		unlink(srv->srv_path);
+	free(srv);
+}
+
+unsigned
+sp_server_nconns(const struct sp_server *srv)
+{
+	return srv == NULL ? 0 : srv->srv_nconns;
+}
+
+static void
+sp_server_leave(struct sp_server *srv)
+{
+	if (--srv->srv_depth == 0 && srv->srv_free_pending)
+		sp_server_destroy(srv);
+}
+
+static void
+sp_server_drop(struct sp_server *srv, struct sp_sconn *sc)
+{
+	TAILQ_REMOVE(&srv->srv_conns, sc, sc_link);
+	srv->srv_nconns--;
+	ev_timer_stop(srv->srv_loop, &sc->sc_timer);
+	sp_conn_close(srv->srv_loop, &sc->sc_conn);
+	free(sc);
+}
+
+static void
+sp_server_accept_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+	struct sp_server *srv = SP_CONTAINER_OF(w, struct sp_server, srv_io);
+	struct sp_sconn *sc;
+	int fd, i;
+
+	(void)revents;
+	for (i = 0; i < SP_ACCEPT_BURST; i++) {
+		if ((fd = accept(srv->srv_fd, NULL, NULL)) == -1) {
+			if (errno == EMFILE || errno == ENFILE ||
+			    errno == ENOBUFS || errno == ENOMEM) {
+				/* Never spin: wait for descriptors. */
+				log_warn("%s: accept, pausing %.0f ms",
+				    __func__, SP_ACCEPT_PAUSE * 1000);
+				ev_io_stop(loop, &srv->srv_io);
+				ev_timer_start(loop, &srv->srv_pause);
+			} else if (errno != EAGAIN && errno != EINTR &&
+			    errno != ECONNABORTED)
+				log_warn("%s: accept", __func__);
+			return;
+		}
+		if (sp_nonblock(fd) == -1) {
+			log_warn("%s: fcntl", __func__);
+			close(fd);
+			continue;
+		}
+		sc = xcalloc(1, sizeof(*sc));
+		sc->sc_srv = srv;
+		sp_conn_init(&sc->sc_conn, fd, SP_PROTO_REP0, SP_PROTO_REQ0,
+		    srv->srv_max);
+		ev_io_init(&sc->sc_conn.c_io, sp_server_conn_cb, fd, 0);
+		ev_timer_init(&sc->sc_timer, sp_server_hs_cb, SP_HANDSHAKE_SECS,
+		    0.);
+		ev_timer_start(loop, &sc->sc_timer);
+		TAILQ_INSERT_TAIL(&srv->srv_conns, sc, sc_link);
+		srv->srv_nconns++;
+		if (sp_conn_flush(loop, &sc->sc_conn) == -1)
+			sp_server_drop(srv, sc);
+	}
+}
+
+static void
+sp_server_pause_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	struct sp_server *srv = SP_CONTAINER_OF(w, struct sp_server, srv_pause);
+
+	(void)revents;
+	ev_io_start(loop, &srv->srv_io);
+}
+
+static void
+sp_server_hs_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	struct sp_sconn *sc = SP_CONTAINER_OF(w, struct sp_sconn, sc_timer);
+
+	(void)loop;
+	(void)revents;
+	log_debug("%s: a peer sent no SP header in time", __func__);
+	sp_server_drop(sc->sc_srv, sc);
+}
+
+static void
+sp_server_conn_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+	struct sp_sconn *sc = SP_CONTAINER_OF(w, struct sp_sconn, sc_conn.c_io);
+	struct sp_server *srv = sc->sc_srv;
+	struct sp_conn *c = &sc->sc_conn;
+	const uint8_t *p;
+	size_t plen, used;
+	int rv;
+
+	srv->srv_depth++;
+	if ((revents & EV_READ) && sp_conn_read(c) == -1)
+		sc->sc_dead = true;
+	while (!sc->sc_dead && !srv->srv_free_pending &&
+	    (rv = sp_conn_next(c, &p, &plen, &used)) != 0) {
+		if (rv == -1) {
+			sc->sc_dead = true;
+			break;
+		}
+		if (rv == 2) {
+			ev_timer_stop(loop, &sc->sc_timer);
+			continue;
+		}
+		sp_server_request(srv, sc, p, plen);
+		sp_buf_consume(&c->c_in, used);
+	}
+	if (!srv->srv_free_pending) {
+		/* A peer that leaves its replies unread is cut off. */
+		if (!sc->sc_dead && c->c_out.b_len > 4 * srv->srv_max) {
+			log_warnx("%s: peer does not read its replies",
+			    __func__);
+			sc->sc_dead = true;
+		}
+		if (sc->sc_dead || sp_conn_flush(loop, c) == -1)
+			sp_server_drop(srv, sc);
+	}
+	sp_server_leave(srv);
+}
+
+/* One request frame: hand the body over, frame the reply behind it. */
+static void
+sp_server_request(struct sp_server *srv, struct sp_sconn *sc, const uint8_t *p,
+    size_t len)
+{
+	uint8_t *reply = NULL;
+	size_t reply_len = 0;
+	int bt;
+
+	if ((bt = sp_backtrace_len(p, len)) == -1) {
+		log_warnx("%s: request without a request id", __func__);
+		sc->sc_dead = true;
+		return;
+	}
+	if (bt == 0) {
+		log_debug("%s: request over %d hops dropped", __func__,
+		    SP_MAX_HOPS);
+		return;
+	}
+	srv->srv_cb(srv->srv_arg, p + bt, len - (size_t)bt, &reply, &reply_len);
+	if (reply == NULL)
+		return;
+	if (!srv->srv_free_pending &&
+	    sp_conn_frame(&sc->sc_conn, p, (size_t)bt, reply, reply_len) == -1)
+		sc->sc_dead = true;
+	free(reply);
+}
