@@ -183,6 +183,7 @@ main(int argc, char *argv[])
 	ev_timer_stop(loop, &heartbeat_timer);
 	ev_timer_stop(loop, &drain_timer);
 	listener_close_all();
+	admission_shutdown();
 	decide_shutdown();
 	ipc_client_free(fe->fe_broker);
 	upstream_free(fe->fe_up);
