@@ -115,7 +115,7 @@ admission_run(struct admission *ad)
 	struct conn *c = ad->ad_conn;
 
 	ad->ad_state = ADMISSION_RUNNING;
-	stats_add("smg_http_rate_limit_total", "decision=\"allowed\"", 1);
+	stats_add("smg_http_rate_limit_total", "result=\"allowed\"", 1);
 	admission_starting = ad;
 	admission_starting_ended = false;
 	ad->ad_start(c, ad->ad_hr, ad->ad_ep, ad->ad_id);
@@ -166,7 +166,7 @@ admission_timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
 			    SHM_ADMISSION_QUEUED);
 			ad->ad_state = ADMISSION_DONE;
 			stats_add("smg_http_rate_limit_total",
-			    "decision=\"rejected\"", 1);
+			    "result=\"rejected\"", 1);
 			conn_error(ad->ad_conn, 503, "admission_queue_timeout",
 			    "Request timed out in the admission queue",
 			    ad->ad_id, 0);
@@ -217,7 +217,7 @@ admission_start(struct conn *c, const struct http_request *hr,
 	if (cf->cf_queue_size <= 0 ||
 	    !shm_admission_take(fe->fe_shm, fe->fe_row, SHM_ADMISSION_QUEUED,
 	        (uint32_t)cf->cf_queue_size)) {
-		stats_add("smg_http_rate_limit_total", "decision=\"rejected\"",
+		stats_add("smg_http_rate_limit_total", "result=\"rejected\"",
 		    1);
 		conn_error(c, 429, "admission_queue_full",
 		    "Too many requests: the admission queue is full",

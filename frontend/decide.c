@@ -227,6 +227,9 @@ decide_outcome(unsigned slot, uint32_t generation, int http_status,
 	        http_status == 502 || http_status == 503 ||
 	        http_status == 504 ||
 	        decide_breaker_probing(slot, generation))) {
+		if (transport_error || http_status >= 500 || http_status == 408)
+			stats_worker_error(slot, generation, http_status,
+			    transport_error);
 		if (decide_sending)
 			decide_outcome_urgent = true;
 		else

@@ -608,8 +608,22 @@ void stats_router_error(const char *backend, const char *model,
 /* Metric labels of a request (bounded sets, static strings). */
 const char *stats_method_label(const struct http_request *hr);
 const char *stats_path_label(const char *path);
-/* smg_http_responses_total for one answered request. */
-void stats_http_response(const char *method, const char *path, int status);
+/*
+ * One answered request: smg_http_responses_total{path,status_code,
+ * error_code} (error_code: the gateway's, "" for a relayed answer), and
+ * smg_http_request_duration_seconds{method,path} unless seconds < 0.
+ */
+void stats_http_response(const char *method, const char *path, int status,
+    const char *error_code, double seconds);
+/* Sets this process's value of a gauge (summed over the processes). */
+void stats_gauge_set(const char *family, const char *labels, int64_t value);
+/*
+ * smg_worker_errors_total{worker_type,connection_mode,error_type} for a
+ * failed attempt on the worker of (slot, generation): error_type timeout
+ * (408, 504) or backend_error.
+ */
+void stats_worker_error(unsigned slot, uint32_t generation, int status,
+    bool transport_error);
 
 /* ---------------------------------------------------------- proxy.c */
 

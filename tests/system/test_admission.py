@@ -68,7 +68,7 @@ def test_cap_queue_and_refusals(tmp_path):
         assert fast[2] > fast[0] + 0.5, res
         assert w.stats()["requests"] >= 4
         m = g.metrics()
-        assert 'smg_http_rate_limit_total{decision="rejected"} 2' in m, m
+        assert 'smg_http_rate_limit_total{result="rejected"} 2' in m, m
     finally:
         g.stop()
         w.stop()
