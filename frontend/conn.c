@@ -68,6 +68,8 @@ struct conn {
 	void *c_harg;
 	struct arena c_pool; /* the current request's memory and hooks */
 	int c_status; /* status of the response written, 0 none yet */
+	char c_error_code[FE_CODE_MAX]; /* its gateway error code, "" none */
+	ev_tstamp c_started; /* when the request became busy */
 	/* Body progress, checked by the periodic body timer (not re-armed
 	 * by each byte, so a trickle cannot hold the connection). */
 	ev_tstamp c_body_progress; /* last time a body byte came */
@@ -621,7 +623,8 @@ conn_process(struct conn *c)
 			http_out_error(&c->c_out, 503, "gateway_overloaded",
 			    "The gateway holds too many request bodies", NULL,
 			    1, false);
-			stats_http_response("other", "other", 503);
+			stats_http_response("other", "other", 503,
+			    "gateway_overloaded", -1);
 			stats_add("smg_frontend_body_buffer_refusals_total", "",
 			    1);
 			conn_buffer_account(c, 0);
@@ -672,7 +675,8 @@ conn_process(struct conn *c)
 		http_out_error(&c->c_out, status, "bad_request",
 		    reason != NULL ? reason : http_status_reason(status), NULL,
 		    0, false);
-		stats_http_response("other", "other", status);
+		stats_http_response("other", "other", status, "bad_request",
+		    -1);
 		conn_flush(c);
 		break;
 	}
@@ -698,6 +702,8 @@ conn_begin(struct conn *c, const struct http_request *req)
 	c->c_http_minor = req->hr_http_minor;
 	c->c_h = NULL;
 	c->c_status = 0;
+	c->c_error_code[0] = '\0';
+	c->c_started = ev_time();
 	/* Kept as static strings: the request may be gone at the end. */
 	c->c_method_label = stats_method_label(req);
 	c->c_path_label = stats_path_label(req->hr_path);
@@ -803,7 +809,8 @@ conn_timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
 		c->c_state = CONN_IDLE;
 		http_out_error(&c->c_out, 408, "request_timeout",
 		    "Request not received in time", NULL, 0, false);
-		stats_http_response("other", "other", 408);
+		stats_http_response("other", "other", 408, "request_timeout",
+		    -1);
 		conn_flush(c);
 		if (c->c_dead || c->c_lingering || conn_pending(c) > 0)
 			return;
@@ -816,7 +823,8 @@ conn_request_done(struct conn *c)
 {
 	if (c->c_state == CONN_BUSY)
 		stats_http_response(c->c_method_label, c->c_path_label,
-		    c->c_status != 0 ? c->c_status : 500);
+		    c->c_status != 0 ? c->c_status : 500, c->c_error_code,
+		    ev_time() - c->c_started);
 	/* Whatever the handler still holds goes before the next request. */
 	arena_reset(&c->c_pool);
 	conn_buffer_account(c, 0);
@@ -875,6 +883,8 @@ conn_error(struct conn *c, int status, const char *code, const char *message,
     const char *request_id, int retry_after_secs)
 {
 	c->c_status = status;
+	snprintf(c->c_error_code, sizeof(c->c_error_code), "%s",
+	    code != NULL ? code : "");
 	http_out_error(&c->c_out, status, code, message, request_id,
 	    retry_after_secs, conn_keep_alive(c));
 	conn_request_done(c);

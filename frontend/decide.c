@@ -52,6 +52,14 @@ static ev_timer decide_ping_timer;
 static Smg__Outcome *decide_outcomes;
 static char (*decide_keys)[DECIDE_KEY_MAX]; /* the outcomes' keys */
 static size_t decide_noutcomes;
+/*
+ * Failure outcomes go to the broker at once, so its breaker has counted
+ * them before the next decision (any frontend's); successes wait for the
+ * next batch or FE_OUTCOME_FLUSH. One that comes during a send goes before
+ * the loop sleeps.
+ */
+static bool decide_sending;
+static bool decide_outcome_urgent;
 static bool decide_down; /* broker unreachable: decide locally */
 static ev_tstamp decide_down_since;
 static bool decide_ping_pending;
@@ -64,6 +72,8 @@ static void decide_local(struct decide_item *);
 static void decide_reply_cb(void *, int, const uint8_t *, size_t);
 static void decide_pong_cb(void *, int, const uint8_t *, size_t);
 static void decide_set_down(bool);
+static void decide_outcome_send(void);
+static bool decide_breaker_probing(unsigned, uint32_t);
 static int decide_send(struct decide_batch *, struct decide_item **, size_t);
 static size_t decide_cut_text(const struct extract_inputs *);
 static void decide_from_proto(const Smg__Decision *, struct decision *);
@@ -224,7 +234,23 @@ decide_outcome(unsigned slot, uint32_t generation, int http_status,
 		o->unstreamed = live->ol_unstreamed;
 		o->cached_tokens = cached_tokens;
 	}
-	if (!decide_down && !ev_is_active(&decide_outcome_timer))
+	if (decide_down)
+		return;
+	if (!no_breaker_sample &&
+	    (transport_error || http_status == 408 || http_status == 500 ||
+	        http_status == 502 || http_status == 503 ||
+	        http_status == 504 ||
+	        decide_breaker_probing(slot, generation))) {
+		if (transport_error || http_status >= 500 || http_status == 408)
+			stats_worker_error(slot, generation, http_status,
+			    transport_error);
+		if (decide_sending)
+			decide_outcome_urgent = true;
+		else
+			decide_outcome_send();
+		return;
+	}
+	if (!ev_is_active(&decide_outcome_timer))
 		ev_timer_start(fe->fe_loop, &decide_outcome_timer);
 }
 
@@ -235,23 +261,49 @@ decide_prepare_cb(struct ev_loop *loop, ev_prepare *w, int revents)
 	(void)w;
 	(void)revents;
 	if (decide_nqueued > 0)
-		decide_flush();
+		decide_flush(); /* carries every pending outcome */
+	else if (decide_outcome_urgent)
+		decide_outcome_send();
+	decide_outcome_urgent = false;
 }
 
+/*
+ * Whether the worker's breaker is not Closed: its successes decide the
+ * half-open probe, so they go at once too, in order with failures that
+ * other frontends send.
+ */
+static bool
+decide_breaker_probing(unsigned slot, uint32_t generation)
+{
+	struct shm_worker w;
+
+	if (shm_worker_read(fe->fe_shm, slot, &w) == -1 ||
+	    w.sw_generation != generation)
+		return false;
+	return w.sw_breaker != SHM_BREAKER_CLOSED;
+}
+
+/* Sends the pending outcomes alone (a failure now, or the timer). */
 static void
-decide_outcome_cb(struct ev_loop *loop, ev_timer *w, int revents)
+decide_outcome_send(void)
 {
 	struct decide_batch *b;
 
-	(void)loop;
-	(void)w;
-	(void)revents;
 	if (decide_noutcomes == 0 || decide_down)
 		return;
 	if ((b = calloc(1, sizeof(*b))) == NULL)
 		return;
 	if (decide_send(b, NULL, 0) != 0)
 		free(b);
+}
+
+static void
+decide_outcome_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	(void)loop;
+	(void)w;
+	(void)revents;
+	decide_outcome_send();
 }
 
 static void
@@ -413,11 +465,25 @@ decide_send(struct decide_batch *b, struct decide_item **items, size_t n)
 		goto out;
 	/* ev_time: ev_now is the start of this loop turn, not the send. */
 	b->db_sent = ev_time();
+	decide_sending = true;
 	if (ipc_client_send(fe->fe_broker, buf, len, FE_BROKER_TIMEOUT_MS,
-	        decide_reply_cb, b) == -1)
+	        decide_reply_cb, b) == -1) {
+		decide_sending = false;
 		goto out;
-	decide_noutcomes = 0;
-	ev_timer_stop(fe->fe_loop, &decide_outcome_timer);
+	}
+	decide_sending = false;
+	/* Outcomes queued during the send stay for the next one. */
+	if (decide_noutcomes > rb.n_outcomes) {
+		memmove(decide_outcomes, decide_outcomes + rb.n_outcomes,
+		    (decide_noutcomes - rb.n_outcomes) *
+		        sizeof(decide_outcomes[0]));
+		memmove(decide_keys, decide_keys + rb.n_outcomes,
+		    (decide_noutcomes - rb.n_outcomes) *
+		        sizeof(decide_keys[0]));
+	}
+	decide_noutcomes -= rb.n_outcomes;
+	if (decide_noutcomes == 0)
+		ev_timer_stop(fe->fe_loop, &decide_outcome_timer);
 	if (cut_in != NULL)
 		stats_add("smg_broker_routing_text_cut_total", "", 1);
 	rv = (int)k;

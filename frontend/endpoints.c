@@ -90,7 +90,7 @@ endpoint_models(struct conn *c, const char *id)
 		cJSON_AddStringToObject(m, "id", ws[i].sw_model);
 		cJSON_AddStringToObject(m, "object", "model");
 		cJSON_AddNumberToObject(m, "created", 0);
-		cJSON_AddStringToObject(m, "owned_by", "smg");
+		cJSON_AddStringToObject(m, "owned_by", "self_hosted");
 		cJSON_AddItemToArray(data, m);
 	}
 	if (cJSON_GetArraySize(data) == 0) {

@@ -413,6 +413,30 @@ int decide_admin(Smg__AdminRequest *ar,
     void (*cb)(void *arg, int status, const uint8_t *reply, size_t len),
     void *arg);
 
+/* ---------------------------------------------------------- admission.c */
+
+/* What an admitted request goes on to (the route's start function). */
+typedef void (*admission_start_cb)(struct conn *c,
+    const struct http_request *hr, enum extract_endpoint ep,
+    const char *request_id);
+/* Whether --max-concurrent-requests is on (> 0). */
+bool admission_enabled(void);
+/*
+ * Admission control of one inference request (gateway.md §2.6, §5): start
+ * runs now when a place is free (gateway-wide cap, rate token), or later
+ * from the loop when the request reaches the head of this frontend's
+ * queue and a place frees; otherwise the request is answered 429
+ * admission_queue_full, or 503 admission_queue_timeout after
+ * --queue-timeout-secs in the queue. hr must stay valid until the request
+ * ends (it does: the connection reads nothing more meanwhile, and a
+ * streamed body is paused while it waits). The place is given back when
+ * the request ends, however it ends. Without the cap, start runs now.
+ */
+void admission_start(struct conn *c, const struct http_request *hr,
+    enum extract_endpoint ep, const char *request_id, admission_start_cb start);
+/* Stops the queue timer (shutdown). */
+void admission_shutdown(void);
+
 /* ---------------------------------------------------------- exchange.c */
 
 #define EXCHANGE_MAX_LEGS 3
@@ -592,8 +616,22 @@ void stats_router_error(const char *backend, const char *model,
 /* Metric labels of a request (bounded sets, static strings). */
 const char *stats_method_label(const struct http_request *hr);
 const char *stats_path_label(const char *path);
-/* smg_http_responses_total for one answered request. */
-void stats_http_response(const char *method, const char *path, int status);
+/*
+ * One answered request: smg_http_responses_total{path,status_code,
+ * error_code} (error_code: the gateway's, "" for a relayed answer), and
+ * smg_http_request_duration_seconds{method,path} unless seconds < 0.
+ */
+void stats_http_response(const char *method, const char *path, int status,
+    const char *error_code, double seconds);
+/* Sets this process's value of a gauge (summed over the processes). */
+void stats_gauge_set(const char *family, const char *labels, int64_t value);
+/*
+ * smg_worker_errors_total{worker_type,connection_mode,error_type} for a
+ * failed attempt on the worker of (slot, generation): error_type timeout
+ * (408, 504) or backend_error.
+ */
+void stats_worker_error(unsigned slot, uint32_t generation, int status,
+    bool transport_error);
 
 /* ---------------------------------------------------------- proxy.c */
 

@@ -48,6 +48,8 @@ frontend_heartbeat_cb(struct ev_loop *loop, ev_timer *w, int revents)
 	(void)w;
 	(void)revents;
 	shm_heartbeat(fe->fe_shm, fe->fe_row);
+	stats_gauge_set("smg_http_connections_active", "",
+	    (int64_t)fe->fe_nconns);
 	/* The upstream client re-sends on stale pooled connections by
 	 * itself (gateway.md §4 step 7); its count becomes the series. */
 	n = upstream_send_retries(fe->fe_up);
@@ -183,6 +185,7 @@ main(int argc, char *argv[])
 	ev_timer_stop(loop, &heartbeat_timer);
 	ev_timer_stop(loop, &drain_timer);
 	listener_close_all();
+	admission_shutdown();
 	decide_shutdown();
 	ipc_client_free(fe->fe_broker);
 	upstream_free(fe->fe_up);

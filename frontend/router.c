@@ -1,9 +1,12 @@
 /*
  * router.c: the route table. Every complete request a connection reads
  * comes here (conn_set_dispatcher) and goes to the one module that owns
- * its route: the inference paths (proxy.c, pd.c), the gateway's own
- * endpoints (endpoints.c), the fan-outs (fanout.c) and the worker API
- * (workerapi.c). Limits that hold for every route are checked first.
+ * its route: the inference paths (through admission.c to proxy.c, pd.c),
+ * the gateway's own endpoints (endpoints.c), the fan-outs (fanout.c) and
+ * the worker API (workerapi.c). Limits that hold for every route are
+ * checked first. A known route asked with another method answers 405 with
+ * Allow; the routes of SMG subsystems this gateway does not have answer
+ * 501 naming the subsystem.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +16,132 @@
 #include "frontend/frontend.h"
 #include "shared/log.h"
 #include "shared/secret.h"
+
+/* SMG routes of subsystems this gateway does not have (answer 501). */
+struct router_absent {
+	const char *ra_path;
+	bool ra_prefix; /* also ra_path + "/..." */
+	const char *ra_subsystem;
+};
+
+static const struct router_absent router_absent_routes[] = {
+	{ "/v1/responses/", false, "response storage" }, /* by id: stored */
+	{ "/v1/conversations", true, "response storage" },
+	{ "/v1/interactions", true, "response storage (interactions)" },
+	{ "/v1/tokenize", false, "a tokenizer (it routes HTTP workers)" },
+	{ "/v1/detokenize", false, "a tokenizer (it routes HTTP workers)" },
+	{ "/v1/tokenizers", true, "a tokenizer (it routes HTTP workers)" },
+	{ "/parse", true, "the gRPC parsers" },
+	{ "/wasm", true, "WASM" },
+	{ "/v1/realtime", true, "WebRTC (realtime)" },
+	{ "/v1/audio/transcriptions", false, "audio transcription" },
+	{ "/mcp", true, "MCP" },
+	{ "/ha", true, "mesh" },
+};
+
+/* Routes answered for one method only: 405 with Allow otherwise. */
+struct router_known {
+	const char *rk_path;
+	const char *rk_allow;
+};
+
+static const struct router_known router_known_routes[] = {
+	{ "/health", "GET" },
+	{ "/liveness", "GET" },
+	{ "/readiness", "GET" },
+	{ "/health_generate", "GET" },
+	{ "/v1/models", "GET" },
+	{ "/get_model_info", "GET" },
+	{ "/get_server_info", "GET" },
+	{ "/get_loads", "GET" },
+	{ "/engine_metrics", "GET" },
+	{ "/flush_cache", "POST" },
+	{ "/start_profile", "POST" },
+	{ "/stop_profile", "POST" },
+};
+
+static void router_method_not_allowed(struct conn *, const char *,
+    const char *);
+static const char *router_absent_subsystem(const char *);
+static const char *router_known_allow(const char *);
+static void router_serve(struct conn *, const struct http_request *,
+    enum extract_endpoint, const char *);
+
+/* 405 in the gateway's error shape, with the Allow header. */
+static void
+router_method_not_allowed(struct conn *c, const char *allow, const char *id)
+{
+	struct http_out *o;
+	char *body;
+	size_t len;
+
+	if ((body = http_error_body(405, "method_not_allowed",
+	         "Method not allowed")) == NULL) {
+		conn_error(c, 503, "out_of_memory", "Out of memory", id, 0);
+		return;
+	}
+	len = strlen(body);
+	o = conn_response(c, 405);
+	http_out_header(o, "X-SMG-Error-Code", "method_not_allowed");
+	http_out_header(o, "Allow", allow);
+	http_out_header(o, "Content-Type", "application/json");
+	http_out_headerf(o, "Content-Length", "%zu", len);
+	if (id != NULL)
+		http_out_header(o, "x-request-id", id);
+	http_out_header(o, "Connection",
+	    conn_keep_alive(c) ? "keep-alive" : "close");
+	http_out_end_head(o);
+	http_out_append(o, body, len);
+	free(body);
+	conn_request_done(c);
+}
+
+static const char *
+router_absent_subsystem(const char *path)
+{
+	const struct router_absent *ra;
+	size_t i, n;
+
+	for (i = 0;
+	     i < sizeof(router_absent_routes) / sizeof(router_absent_routes[0]);
+	     i++) {
+		ra = &router_absent_routes[i];
+		n = strlen(ra->ra_path);
+		if (ra->ra_path[n - 1] == '/') {
+			if (strncmp(path, ra->ra_path, n) == 0 &&
+			    path[n] != '\0')
+				return ra->ra_subsystem;
+		} else if (strncmp(path, ra->ra_path, n) == 0 &&
+		    (path[n] == '\0' || (ra->ra_prefix && path[n] == '/')))
+			return ra->ra_subsystem;
+	}
+	return NULL;
+}
+
+static const char *
+router_known_allow(const char *path)
+{
+	size_t i;
+
+	for (i = 0;
+	     i < sizeof(router_known_routes) / sizeof(router_known_routes[0]);
+	     i++) {
+		if (strcmp(path, router_known_routes[i].rk_path) == 0)
+			return router_known_routes[i].rk_allow;
+	}
+	return NULL;
+}
+
+/* An admitted inference request goes to its path (admission.c). */
+static void
+router_serve(struct conn *c, const struct http_request *hr,
+    enum extract_endpoint ep, const char *id)
+{
+	if (pd_enabled())
+		pd_start(c, hr, ep, id);
+	else
+		proxy_start(c, hr, ep, id);
+}
 
 static bool
 router_authorized(const struct http_request *hr)
@@ -36,7 +165,8 @@ router_dispatch(struct conn *c, const struct http_request *hr,
 	const struct config *cf = fe->fe_cf;
 	enum extract_endpoint ep;
 	const char *path = hr->hr_path;
-	char id[EXTRACT_REQUEST_ID_MAX + 1], labels[128];
+	char id[EXTRACT_REQUEST_ID_MAX + 1], labels[128], msg[FE_MSG_MAX];
+	const char *allow, *subsystem;
 	bool get = hr->hr_method == HTTP_GET, post = hr->hr_method == HTTP_POST;
 
 	extract_request_id(hr, (const char *const *)cf->cf_request_id_headers,
@@ -69,7 +199,12 @@ router_dispatch(struct conn *c, const struct http_request *hr,
 		return;
 	}
 	if (kind == LISTENER_HEALTH) {
-		conn_error(c, 404, "not_found", "Not found", id, 0);
+		if (strcmp(path, "/health") == 0 ||
+		    strcmp(path, "/liveness") == 0 ||
+		    strcmp(path, "/readiness") == 0)
+			router_method_not_allowed(c, "GET", id);
+		else
+			conn_error(c, 404, "not_found", "Not found", id, 0);
 		return;
 	}
 	if (hdr_is_looped(hr)) {
@@ -95,8 +230,16 @@ router_dispatch(struct conn *c, const struct http_request *hr,
 	}
 	if (extract_route(path, &ep) == 0) {
 		if (!post) {
-			conn_error(c, 405, "method_not_allowed",
-			    "Method not allowed", id, 0);
+			router_method_not_allowed(c, "POST", id);
+			return;
+		}
+		if (cf->cf_data_plane_auth_pending) {
+			/* Never serve open what a key was meant to guard. */
+			conn_error(c, 501, "not_implemented",
+			    "Data-plane tenant authentication "
+			    "(--tenant-api-key) "
+			    "is not implemented: serving requests are refused",
+			    id, 0);
 			return;
 		}
 		if (!router_authorized(hr)) {
@@ -104,16 +247,21 @@ router_dispatch(struct conn *c, const struct http_request *hr,
 			    "Invalid or missing API key", id, 0);
 			return;
 		}
-		if (pd_enabled())
-			pd_start(c, hr, ep, id);
-		else
-			proxy_start(c, hr, ep, id);
+		admission_start(c, hr, ep, id, router_serve);
 		return;
 	}
 	if ((post && strcmp(path, "/flush_cache") == 0) ||
 	    (get && strcmp(path, "/get_loads") == 0) ||
 	    strcmp(path, "/workers") == 0 ||
 	    strncmp(path, "/workers/", 9) == 0) {
+		if (cf->cf_control_plane_auth_pending) {
+			conn_error(c, 501, "not_implemented",
+			    "Control-plane authentication "
+			    "(--control-plane-api-keys, --jwt-*) is not "
+			    "implemented: control-plane requests are refused",
+			    id, 0);
+			return;
+		}
 		if (!router_authorized(hr)) {
 			conn_error(c, 401, "unauthorized",
 			    "Invalid or missing API key", id, 0);
@@ -125,6 +273,17 @@ router_dispatch(struct conn *c, const struct http_request *hr,
 			fanout_start(c, hr, FANOUT_LOADS, id);
 		else
 			workerapi_start(c, hr, id);
+		return;
+	}
+	if ((allow = router_known_allow(path)) != NULL) {
+		router_method_not_allowed(c, allow, id);
+		return;
+	}
+	if ((subsystem = router_absent_subsystem(path)) != NULL) {
+		snprintf(msg, sizeof(msg),
+		    "%s is not available: this gateway has no %s", path,
+		    subsystem);
+		conn_error(c, 501, "not_implemented", msg, id, 0);
 		return;
 	}
 	conn_error(c, 404, "not_found", "Not found", id, 0);

@@ -25,7 +25,8 @@ struct stats_entry {
 static struct stats_entry stats_tab[STATS_SLOTS];
 static unsigned stats_used;
 
-static struct stats_entry *stats_lookup(const char *, const char *, bool);
+static struct stats_entry *stats_lookup(const char *, const char *,
+    enum metrics_kind);
 
 void
 stats_init(void)
@@ -35,7 +36,7 @@ stats_init(void)
 }
 
 static struct stats_entry *
-stats_lookup(const char *family, const char *labels, bool hist)
+stats_lookup(const char *family, const char *labels, enum metrics_kind kind)
 {
 	char key[SHM_SERIES_NAME_MAX * 2];
 	size_t fl = strlen(family), ll = strlen(labels), klen;
@@ -69,7 +70,7 @@ stats_lookup(const char *family, const char *labels, bool hist)
 	e->st_hash = h;
 	e->st_series = -1;
 	e->st_hist = NULL;
-	if (hist) {
+	if (kind == METRICS_HISTOGRAM) {
 		if ((e->st_hist = calloc(1, sizeof(*e->st_hist))) == NULL ||
 		    metrics_histogram_init(fe->fe_shm, e->st_hist, family,
 		        labels, cf->cf_prometheus_duration_buckets,
@@ -80,8 +81,7 @@ stats_lookup(const char *family, const char *labels, bool hist)
 			e->st_hist = NULL;
 		}
 	} else {
-		e->st_series =
-		    metrics_series(fe->fe_shm, METRICS_COUNTER, family, labels);
+		e->st_series = metrics_series(fe->fe_shm, kind, family, labels);
 		if (e->st_series == -1)
 			log_warnx("%s: cannot register %s{%s}", __func__,
 			    family, labels);
@@ -95,7 +95,7 @@ stats_add(const char *family, const char *labels, int64_t delta)
 {
 	struct stats_entry *e;
 
-	if ((e = stats_lookup(family, labels, false)) == NULL ||
+	if ((e = stats_lookup(family, labels, METRICS_COUNTER)) == NULL ||
 	    e->st_series == -1)
 		return;
 	metrics_add(fe->fe_shm, fe->fe_row, e->st_series, delta);
@@ -106,7 +106,7 @@ stats_observe(const char *family, const char *labels, double seconds)
 {
 	struct stats_entry *e;
 
-	if ((e = stats_lookup(family, labels, true)) == NULL ||
+	if ((e = stats_lookup(family, labels, METRICS_HISTOGRAM)) == NULL ||
 	    e->st_hist == NULL)
 		return;
 	metrics_observe(fe->fe_shm, fe->fe_row, e->st_hist, seconds);
@@ -200,12 +200,51 @@ stats_method_label(const struct http_request *hr)
 }
 
 void
-stats_http_response(const char *method, const char *path, int status)
+stats_http_response(const char *method, const char *path, int status,
+    const char *error_code, double seconds)
 {
+	char labels[200];
+
+	/* SMG's labels: the method is on the request series only. */
+	snprintf(labels, sizeof(labels),
+	    "path=\"%s\",status_code=\"%d\",error_code=\"%s\"", path, status,
+	    error_code != NULL ? error_code : "");
+	stats_add("smg_http_responses_total", labels, 1);
+	if (seconds < 0)
+		return;
+	snprintf(labels, sizeof(labels), "method=\"%s\",path=\"%s\"", method,
+	    path);
+	stats_observe("smg_http_request_duration_seconds", labels, seconds);
+}
+
+void
+stats_gauge_set(const char *family, const char *labels, int64_t value)
+{
+	struct stats_entry *e;
+
+	if ((e = stats_lookup(family, labels, METRICS_GAUGE)) == NULL ||
+	    e->st_series == -1)
+		return;
+	metrics_set(fe->fe_shm, fe->fe_row, e->st_series, value);
+}
+
+void
+stats_worker_error(unsigned slot, uint32_t generation, int status,
+    bool transport_error)
+{
+	static const char *const types[] = { "regular", "prefill", "decode",
+		"encode" };
+	struct shm_worker w;
 	char labels[160];
 
+	if (shm_worker_read(fe->fe_shm, slot, &w) == -1 ||
+	    w.sw_generation != generation)
+		return;
 	snprintf(labels, sizeof(labels),
-	    "method=\"%s\",path=\"%s\",status_code=\"%d\"", method, path,
-	    status);
-	stats_add("smg_http_responses_total", labels, 1);
+	    "worker_type=\"%s\",connection_mode=\"http\",error_type=\"%s\"",
+	    w.sw_type < 4 ? types[w.sw_type] : "regular",
+	    !transport_error && (status == 408 || status == 504)
+	        ? "timeout"
+	        : "backend_error");
+	stats_add("smg_worker_errors_total", labels, 1);
 }

@@ -104,6 +104,8 @@ main(int argc, char *argv[])
 	config_load_or_exit(&cf, argc, argv);
 	(void)fdlimit_raise();
 	log_setlevel(cf.cf_log_level);
+	for (i = 0; i < cf.cf_warnings_n; i++)
+		log_warnx("%s: %s", __func__, cf.cf_warnings[i]);
 	signal(SIGPIPE, SIG_IGN);
 
 	memset(&l, 0, sizeof(l));

@@ -19,6 +19,10 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include "shared/xmalloc.h"
 
 _Static_assert(sizeof(long) >= 8, "long must hold u32 max and more");
@@ -41,6 +45,34 @@ enum key_type {
 	KT_DOUBLE_LIST,
 	KT_ENDPOINT,
 	KT_ALIAS,
+	KT_COMPAT, /* an SMG flag smg-c accepts without using it */
+};
+
+/*
+ * What an SMG flag does here (docs/compat.md lists every one). Flags of
+ * the table above KT_COMPAT are implemented; a KT_COMPAT flag is accepted
+ * with one warning line at startup because it only affects something
+ * smg-c does not route (INERT), needs a subsystem smg-c does not have,
+ * whose routes answer 501 (ABSENT), or is not implemented yet (PENDING).
+ */
+enum key_compat {
+	KCOMPAT_IMPLEMENTED = 0,
+	KCOMPAT_INERT,
+	KCOMPAT_ABSENT,
+	KCOMPAT_PENDING,
+};
+
+/* How a KT_COMPAT flag's value is checked (nothing is stored). */
+enum compat_value {
+	CV_SWITCH = 0, /* no value, or true/false */
+	CV_STRING, /* one value */
+	CV_LONG, /* one integer within ck_lmin..ck_lmax */
+	CV_LIST, /* zero or more values up to the next flag */
+	CV_APPEND, /* one value per occurrence, repeatable */
+	CV_CHOICE, /* one of ck_choices */
+	CV_IP, /* an IPv4 or IPv6 address */
+	CV_TENANT_KEY, /* tenant_id:key, repeatable */
+	CV_ID_SOURCE, /* namespace, label:<key> or annotation:<key> */
 };
 
 /* Extra checks on string and list values. */
@@ -56,6 +88,7 @@ enum key_check {
 #define KF_MIN_EXCL 0x01 /* double lower bound is exclusive */
 #define KF_MAX_EXCL 0x02 /* double upper bound is exclusive */
 #define KF_ONE      0x04 /* list flag takes one value per occurrence */
+#define KF_VERBOSE  0x08 /* KT_VERSION: with build details */
 
 struct config_key {
 	const char *ck_name; /* primary long name without "--" */
@@ -75,6 +108,9 @@ struct config_key {
 	const char *const *ck_choices; /* accepted KT_STRING values */
 	const char *ck_meta; /* value placeholder in --help */
 	const char *ck_help;
+	enum key_compat ck_compat; /* KT_COMPAT: why it is not used */
+	enum compat_value ck_cv; /* KT_COMPAT: how its value is checked */
+	const char *ck_subsystem; /* KT_COMPAT: what it would configure */
 };
 
 /* cf_argv sits at offset 0, so 0 can mean "no _set member". */
@@ -149,6 +185,48 @@ _Static_assert(offsetof(struct config, cf_argv) == 0, "cf_argv first");
 		.ck_meta = "POLICY", .ck_help = h                              \
 	}
 
+/* SMG flags accepted without effect (see enum key_compat). */
+#define ACCEPT(n, cv, kind, sub, meta, h)                                      \
+	{                                                                      \
+		.ck_name = n, .ck_type = KT_COMPAT, .ck_cv = cv,               \
+		.ck_compat = kind, .ck_subsystem = sub, .ck_meta = meta,       \
+		.ck_help = h                                                   \
+	}
+#define ACCEPTL(n, lo, hi, kind, sub, h)                                       \
+	{                                                                      \
+		.ck_name = n, .ck_type = KT_COMPAT, .ck_cv = CV_LONG,          \
+		.ck_lmin = lo, .ck_lmax = hi, .ck_compat = kind,               \
+		.ck_subsystem = sub, .ck_meta = "N", .ck_help = h              \
+	}
+#define ACCEPTC(n, choices, kind, sub, meta, h)                                \
+	{                                                                      \
+		.ck_name = n, .ck_type = KT_COMPAT, .ck_cv = CV_CHOICE,        \
+		.ck_choices = choices, .ck_compat = kind, .ck_subsystem = sub, \
+		.ck_meta = meta, .ck_help = h                                  \
+	}
+
+/* Subsystem names: warnings, docs/compat.md and the 501 answers. */
+#define SUB_GRPC     "the gRPC tokenizing path"
+#define SUB_K8S      "Kubernetes service discovery"
+#define SUB_STORAGE  "response storage"
+#define SUB_WASM     "WASM"
+#define SUB_MCP      "MCP"
+#define SUB_MESH     "mesh"
+#define SUB_WEBRTC   "WebRTC"
+#define SUB_PRIORITY "the priority scheduler"
+#define SUB_RUNTIME  "a thread runtime (smg-c runs processes: --frontends)"
+#define SUB_CP_AUTH  "control-plane authentication"
+#define SUB_DP_AUTH  "data-plane tenant authentication"
+#define SUB_TENANT   "tenants"
+#define SUB_CORS     "CORS"
+#define SUB_TRACE    "tracing"
+#define SUB_AUDIT    "audit logging"
+
+static const char *const config_history_backends[] = { "memory", "none",
+	"oracle", "postgres", "redis", NULL };
+static const char *const config_transports[] = { "inline", "shm", "auto",
+	"rdma", NULL };
+
 static const char *const config_backends[] = { "sglang", "vllm", "trtllm",
 	"tokenspeed", "openai", "anthropic", "gemini", NULL };
 
@@ -162,6 +240,10 @@ static const struct config_key config_keys[] = {
 	    .ck_short = 'V',
 	    .ck_type = KT_VERSION,
 	    .ck_help = "print the version and exit" },
+	{ .ck_name = "version-verbose",
+	    .ck_type = KT_VERSION,
+	    .ck_flags = KF_VERBOSE,
+	    .ck_help = "print the version and build details and exit" },
 	SWITCH("check-config", NULL, 'n', cf_check_config,
 	    "validate the command line and exit 0"),
 	{ .ck_name = "frontends",
@@ -510,6 +592,136 @@ static const struct config_key config_keys[] = {
 	    "client key presented to https:// workers"),
 	LISTV("ca-cert-paths", NULL, cf_ca_cert_paths, NULL, KC_NONE, 0,
 	    "PEM...", "CAs verifying https:// workers (default: system)"),
+
+	SECTION("SMG flags accepted without effect (docs/compat.md)"),
+	ACCEPT("chat-template", CV_STRING, KCOMPAT_INERT, SUB_GRPC, "PATH",
+	    "chat template of the gRPC path"),
+	ACCEPT("reasoning-parser", CV_STRING, KCOMPAT_INERT, SUB_GRPC, "NAME",
+	    "reasoning parser of the gRPC path"),
+	ACCEPT("tool-call-parser", CV_STRING, KCOMPAT_INERT, SUB_GRPC, "NAME",
+	    "tool-call parser of the gRPC path"),
+	ACCEPT("disable-tokenizer-autoload", CV_SWITCH, KCOMPAT_INERT, SUB_GRPC,
+	    NULL, "no tokenizer loading at startup"),
+	ACCEPT("tokenizer-cache-enable-l0", CV_SWITCH, KCOMPAT_INERT, SUB_GRPC,
+	    NULL, "tokenizer exact-match cache"),
+	ACCEPTL("tokenizer-cache-l0-max-entries", 0, LONG_MAX, KCOMPAT_INERT,
+	    SUB_GRPC, "tokenizer L0 cache entries"),
+	ACCEPT("tokenizer-cache-enable-l1", CV_SWITCH, KCOMPAT_INERT, SUB_GRPC,
+	    NULL, "tokenizer prefix cache"),
+	ACCEPTL("tokenizer-cache-l1-max-memory", 0, LONG_MAX, KCOMPAT_INERT,
+	    SUB_GRPC, "tokenizer L1 cache bytes"),
+	ACCEPTC("multimodal-tensor-transport", config_transports, KCOMPAT_INERT,
+	    SUB_GRPC, "MODE",
+	    "multimodal tensor transport: inline, shm, auto, rdma"),
+	ACCEPTL("multimodal-shm-min-bytes", 0, LONG_MAX, KCOMPAT_INERT,
+	    SUB_GRPC, "multimodal shared-memory threshold"),
+	ACCEPT("encode-selector", CV_LIST, KCOMPAT_INERT, SUB_K8S, "K=V...",
+	    "label selector of encode workers"),
+	ACCEPT("router-selector", CV_LIST, KCOMPAT_INERT, SUB_K8S, "K=V...",
+	    "label selector of peer gateways"),
+	ACCEPT("model-id-from", CV_ID_SOURCE, KCOMPAT_INERT, SUB_K8S, "SRC",
+	    "model id source: namespace, label:<key>, annotation:<key>"),
+	ACCEPTL("runtime-worker-threads", 1, LONG_MAX, KCOMPAT_INERT,
+	    SUB_RUNTIME, "async runtime threads"),
+	ACCEPTC("history-backend", config_history_backends, KCOMPAT_ABSENT,
+	    SUB_STORAGE, "NAME",
+	    "response storage: memory, none, oracle, postgres, redis"),
+	ACCEPT("storage-context-headers", CV_LIST, KCOMPAT_ABSENT, SUB_STORAGE,
+	    "NAME...", "headers passed to response storage"),
+	ACCEPT("schema-config", CV_STRING, KCOMPAT_ABSENT, SUB_STORAGE, "PATH",
+	    "storage schema file"),
+	ACCEPT("oracle-wallet-path", CV_STRING, KCOMPAT_ABSENT, SUB_STORAGE,
+	    "PATH", "Oracle storage"),
+	ACCEPT("oracle-tns-alias", CV_STRING, KCOMPAT_ABSENT, SUB_STORAGE,
+	    "NAME", "Oracle storage"),
+	ACCEPT("oracle-dsn", CV_STRING, KCOMPAT_ABSENT, SUB_STORAGE, "DSN",
+	    "Oracle storage"),
+	ACCEPT("oracle-user", CV_STRING, KCOMPAT_ABSENT, SUB_STORAGE, "USER",
+	    "Oracle storage"),
+	ACCEPT("oracle-password", CV_STRING, KCOMPAT_ABSENT, SUB_STORAGE,
+	    "PASSWORD", "Oracle storage"),
+	ACCEPT("oracle-external-auth", CV_SWITCH, KCOMPAT_ABSENT, SUB_STORAGE,
+	    NULL, "Oracle storage"),
+	ACCEPTL("oracle-pool-min", 1, LONG_MAX, KCOMPAT_ABSENT, SUB_STORAGE,
+	    "Oracle storage"),
+	ACCEPTL("oracle-pool-max", 1, LONG_MAX, KCOMPAT_ABSENT, SUB_STORAGE,
+	    "Oracle storage"),
+	ACCEPTL("oracle-pool-timeout-secs", 0, LONG_MAX, KCOMPAT_ABSENT,
+	    SUB_STORAGE, "Oracle storage"),
+	ACCEPT("postgres-db-url", CV_STRING, KCOMPAT_ABSENT, SUB_STORAGE, "URL",
+	    "PostgreSQL storage"),
+	ACCEPTL("postgres-pool-max-size", 1, LONG_MAX, KCOMPAT_ABSENT,
+	    SUB_STORAGE, "PostgreSQL storage"),
+	ACCEPT("redis-url", CV_STRING, KCOMPAT_ABSENT, SUB_STORAGE, "URL",
+	    "Redis storage"),
+	ACCEPTL("redis-pool-max-size", 1, LONG_MAX, KCOMPAT_ABSENT, SUB_STORAGE,
+	    "Redis storage"),
+	ACCEPTL("redis-retention-days", LONG_MIN, LONG_MAX, KCOMPAT_ABSENT,
+	    SUB_STORAGE, "Redis storage"),
+	ACCEPT("enable-wasm", CV_SWITCH, KCOMPAT_ABSENT, SUB_WASM, NULL,
+	    "WASM middleware"),
+	ACCEPT("storage-hook-wasm-path", CV_STRING, KCOMPAT_ABSENT, SUB_WASM,
+	    "PATH", "WASM storage hook"),
+	ACCEPT("mcp-config-path", CV_STRING, KCOMPAT_ABSENT, SUB_MCP, "PATH",
+	    "MCP tool servers"),
+	ACCEPT("enable-mesh", CV_SWITCH, KCOMPAT_ABSENT, SUB_MESH, NULL,
+	    "gateway mesh"),
+	ACCEPT("mesh-server-name", CV_STRING, KCOMPAT_ABSENT, SUB_MESH, "NAME",
+	    "gateway mesh"),
+	ACCEPT("mesh-host", CV_STRING, KCOMPAT_ABSENT, SUB_MESH, "ADDR",
+	    "gateway mesh"),
+	ACCEPT("mesh-advertise-host", CV_STRING, KCOMPAT_ABSENT, SUB_MESH,
+	    "ADDR", "gateway mesh"),
+	ACCEPTL("mesh-port", 0, 65535, KCOMPAT_ABSENT, SUB_MESH,
+	    "gateway mesh"),
+	ACCEPT("mesh-peer-urls", CV_LIST, KCOMPAT_ABSENT, SUB_MESH, "ADDR...",
+	    "gateway mesh"),
+	ACCEPT("webrtc-bind-addr", CV_IP, KCOMPAT_ABSENT, SUB_WEBRTC, "IP",
+	    "WebRTC realtime"),
+	ACCEPT("webrtc-stun-server", CV_STRING, KCOMPAT_ABSENT, SUB_WEBRTC,
+	    "HOST:PORT", "WebRTC realtime"),
+	ACCEPT("priority-scheduler-enabled", CV_SWITCH, KCOMPAT_ABSENT,
+	    SUB_PRIORITY, NULL, "priority scheduler"),
+	ACCEPT("priority-scheduler-default-max-class", CV_STRING,
+	    KCOMPAT_ABSENT, SUB_PRIORITY, "CLASS", "priority scheduler"),
+	ACCEPT("priority-scheduler-config", CV_STRING, KCOMPAT_ABSENT,
+	    SUB_PRIORITY, "PATH", "priority scheduler"),
+	ACCEPTL("priority-scheduler-tenant-metric-top-n", 0, U32_MAX_L,
+	    KCOMPAT_ABSENT, SUB_PRIORITY, "priority scheduler"),
+	ACCEPT("control-plane-api-keys", CV_APPEND, KCOMPAT_PENDING,
+	    SUB_CP_AUTH, "ID:NAME:ROLE:KEY",
+	    "control-plane keys (control-plane routes answer 501 while "
+	    "unimplemented)"),
+	ACCEPT("jwt-issuer", CV_STRING, KCOMPAT_PENDING, SUB_CP_AUTH, "URL",
+	    "control-plane JWT (control-plane routes answer 501)"),
+	ACCEPT("jwt-audience", CV_STRING, KCOMPAT_PENDING, SUB_CP_AUTH, "AUD",
+	    "control-plane JWT (control-plane routes answer 501)"),
+	ACCEPT("jwt-jwks-uri", CV_STRING, KCOMPAT_PENDING, SUB_CP_AUTH, "URL",
+	    "control-plane JWT (control-plane routes answer 501)"),
+	ACCEPT("jwt-role-claim", CV_STRING, KCOMPAT_PENDING, SUB_CP_AUTH,
+	    "CLAIM", "control-plane JWT role claim"),
+	ACCEPT("jwt-role-mapping", CV_APPEND, KCOMPAT_PENDING, SUB_CP_AUTH,
+	    "IDP=ROLE", "control-plane JWT role mapping"),
+	ACCEPT("tenant-api-key", CV_TENANT_KEY, KCOMPAT_PENDING, SUB_DP_AUTH,
+	    "TENANT:KEY",
+	    "data-plane tenant keys (serving routes answer 501 while "
+	    "unimplemented)"),
+	ACCEPT("disable-audit-logging", CV_SWITCH, KCOMPAT_PENDING, SUB_AUDIT,
+	    NULL, "control-plane audit log"),
+	ACCEPT("trust-tenant-header", CV_SWITCH, KCOMPAT_PENDING, SUB_TENANT,
+	    NULL, "tenant id from a header"),
+	ACCEPT("tenant-header-name", CV_STRING, KCOMPAT_PENDING, SUB_TENANT,
+	    "NAME", "tenant id header"),
+	ACCEPT("tenant-rate-limit-enabled", CV_SWITCH, KCOMPAT_PENDING,
+	    SUB_TENANT, NULL, "per-tenant rate limits"),
+	ACCEPT("tenant-rate-limit-config", CV_STRING, KCOMPAT_PENDING,
+	    SUB_TENANT, "PATH", "per-tenant rate limits"),
+	ACCEPT("cors-allowed-origins", CV_LIST, KCOMPAT_PENDING, SUB_CORS,
+	    "ORIGIN...", "CORS origins"),
+	ACCEPT("enable-trace", CV_SWITCH, KCOMPAT_PENDING, SUB_TRACE, NULL,
+	    "OpenTelemetry tracing"),
+	ACCEPT("otlp-traces-endpoint", CV_STRING, KCOMPAT_PENDING, SUB_TRACE,
+	    "HOST:PORT", "OpenTelemetry collector"),
 };
 
 #define CONFIG_NKEYS (sizeof(config_keys) / sizeof(config_keys[0]))
@@ -571,6 +783,11 @@ static int value_check(const struct config_key *, const char *, const char *,
 static int value_policy(const struct config_key *, const char *, const char *,
     enum policy_kind *, char *, size_t);
 static void choices_join(const char *const *, char *, size_t);
+static int compat_check(const struct config_key *, const char *, const char *,
+    char *, size_t);
+static int compat_value(const struct config_key *, const char *, const char *,
+    int, char *[], int *, char *, size_t);
+static int compat_finish(struct config *, struct parse_state *);
 static void list_clear(struct config *, const struct config_key *);
 static int list_add(struct config *, const struct config_key *, const char *,
     const char *, char *, size_t);
@@ -1028,6 +1245,139 @@ choices_join(const char *const *choices, char *buf, size_t len)
 		    i == 0 ? "" : ", ", choices[i]);
 }
 
+/* Checks one value of a KT_COMPAT flag; nothing is kept. */
+static int
+compat_check(const struct config_key *k, const char *flag, const char *val,
+    char *err, size_t errlen)
+{
+	struct in6_addr a6;
+	struct in_addr a4;
+	const char *colon;
+	char list[256];
+	long l;
+	size_t i;
+
+	switch (k->ck_cv) {
+	case CV_LONG:
+		return value_long(k, flag, val, &l, err, errlen);
+	case CV_CHOICE:
+		for (i = 0; k->ck_choices[i] != NULL; i++) {
+			if (strcasecmp(k->ck_choices[i], val) == 0)
+				return 0;
+		}
+		choices_join(k->ck_choices, list, sizeof(list));
+		return cfg_err(err, errlen,
+		    "%s: unknown value '%s' (expected one of: %s)", flag, val,
+		    list);
+	case CV_IP:
+		if (inet_pton(AF_INET, val, &a4) == 1 ||
+		    inet_pton(AF_INET6, val, &a6) == 1)
+			return 0;
+		return cfg_err(err, errlen, "%s: invalid IP address '%s'", flag,
+		    val);
+	case CV_TENANT_KEY:
+		colon = strchr(val, ':');
+		if (colon == NULL || colon == val || colon[1] == '\0')
+			return cfg_err(err, errlen,
+			    "%s: expected 'tenant_id:key'", flag);
+		return 0;
+	case CV_ID_SOURCE:
+		if (strcasecmp(val, "namespace") == 0 ||
+		    (strncmp(val, "label:", 6) == 0 && val[6] != '\0') ||
+		    (strncmp(val, "annotation:", 11) == 0 && val[11] != '\0'))
+			return 0;
+		return cfg_err(err, errlen,
+		    "%s: invalid value '%s' (expected namespace, label:<key> "
+		    "or annotation:<key>)",
+		    flag, val);
+	default:
+		if (val[0] == '\0')
+			return cfg_err(err, errlen, "%s: empty value", flag);
+		return 0;
+	}
+}
+
+/* Consumes and checks the value(s) of a KT_COMPAT flag. */
+static int
+compat_value(const struct config_key *k, const char *flag, const char *val,
+    int argc, char *argv[], int *i, char *err, size_t errlen)
+{
+	switch (k->ck_cv) {
+	case CV_SWITCH:
+		if (val == NULL || strcasecmp(val, "true") == 0 ||
+		    strcasecmp(val, "false") == 0)
+			return 0;
+		return cfg_err(err, errlen,
+		    "%s: takes no value (or true/false), got '%s'", flag, val);
+	case CV_LIST:
+		/* Like SMG: zero or more values. */
+		if (val != NULL &&
+		    compat_check(k, flag, val, err, errlen) == -1)
+			return -1;
+		while (*i < argc && !is_flag_token(argv[*i])) {
+			if (compat_check(k, flag, argv[(*i)++], err, errlen) ==
+			    -1)
+				return -1;
+		}
+		return 0;
+	default:
+		if (val == NULL) {
+			if (*i >= argc || is_flag_token(argv[*i]))
+				return cfg_err(err, errlen, "%s: missing value",
+				    flag);
+			val = argv[(*i)++];
+		}
+		return compat_check(k, flag, val, err, errlen);
+	}
+}
+
+/*
+ * One warning line per KT_COMPAT flag given, and the fail-closed marks of
+ * the authentication flags not implemented yet: what they would protect
+ * answers 501 rather than being served open.
+ */
+static int
+compat_finish(struct config *cf, struct parse_state *ps)
+{
+	const struct config_key *k;
+	const char *why;
+	size_t i;
+
+	for (i = 0; i < CONFIG_NKEYS; i++) {
+		k = &config_keys[i];
+		if (k->ck_type != KT_COMPAT || !ps->ps_given[i])
+			continue;
+		switch (k->ck_compat) {
+		case KCOMPAT_INERT:
+			why = "no effect: it applies to";
+			break;
+		case KCOMPAT_ABSENT:
+			why = "not used: this gateway has no";
+			break;
+		default:
+			why = "not implemented yet:";
+			break;
+		}
+		cf->cf_warnings = xreallocarray(cf->cf_warnings,
+		    cf->cf_warnings_n + 1, sizeof(char *));
+		cf->cf_warnings[cf->cf_warnings_n++] = xasprintf(
+		    "--%s: accepted, %s %s%s", k->ck_name, why, k->ck_subsystem,
+		    strcmp(k->ck_subsystem, SUB_CP_AUTH) == 0
+		        ? " (control-plane routes answer 501)"
+		        : strcmp(k->ck_subsystem, SUB_DP_AUTH) == 0
+		        ? " (serving routes answer 501)"
+		        : k->ck_compat == KCOMPAT_ABSENT
+		        ? " (its routes answer 501)"
+		        : "");
+		if (strcmp(k->ck_subsystem, SUB_CP_AUTH) == 0 &&
+		    strcmp(k->ck_name, "jwt-role-claim") != 0)
+			cf->cf_control_plane_auth_pending = true;
+		if (strcmp(k->ck_subsystem, SUB_DP_AUTH) == 0)
+			cf->cf_data_plane_auth_pending = true;
+	}
+	return 0;
+}
+
 static void
 list_clear(struct config *cf, const struct config_key *k)
 {
@@ -1322,7 +1672,15 @@ parse_one(struct config *cf, struct parse_state *ps, int argc, char *argv[],
 		return CONFIG_EXIT;
 	case KT_VERSION:
 		printf("smg-c %s\n", SMG_VERSION);
+		if (k->ck_flags & KF_VERBOSE)
+			printf("compiler: %s\nbuilt: %s %s\n", __VERSION__,
+			    __DATE__, __TIME__);
 		return CONFIG_EXIT;
+	case KT_COMPAT:
+		if (compat_value(k, flag, val, argc, argv, i, err, errlen) ==
+		    -1)
+			return CONFIG_ERROR;
+		break;
 	case KT_SWITCH:
 		bp = fld(cf, k->ck_off);
 		if (val == NULL || strcasecmp(val, "true") == 0)
@@ -1649,6 +2007,8 @@ config_finish(struct config *cf, struct parse_state *ps, char *err,
 		return -1;
 	if (check_values(cf, err, errlen) == -1)
 		return -1;
+	if (compat_finish(cf, ps) == -1)
+		return -1;
 	return check_own(cf, err, errlen);
 }
 
@@ -1716,6 +2076,9 @@ config_free(struct config *cf)
 			break;
 		}
 	}
+	for (i = 0; i < cf->cf_warnings_n; i++)
+		free(cf->cf_warnings[i]);
+	free(cf->cf_warnings);
 	if (cf->cf_argv != NULL) {
 		for (j = 0; j < cf->cf_argc; j++)
 			free(cf->cf_argv[j]);
@@ -1747,7 +2110,8 @@ key_usage(FILE *out, const struct config_key *k)
 		def = k->ck_defdoc;
 	else if (k->ck_def != NULL)
 		def = k->ck_def;
-	else if (k->ck_type == KT_SWITCH)
+	else if (k->ck_type == KT_SWITCH ||
+	    (k->ck_type == KT_COMPAT && k->ck_cv == CV_SWITCH))
 		def = "off";
 	else if (k->ck_type == KT_HELP || k->ck_type == KT_VERSION)
 		def = NULL;
@@ -1758,6 +2122,13 @@ key_usage(FILE *out, const struct config_key *k)
 	if (k->ck_type == KT_POLICY && k->ck_def == NULL)
 		def = "--policy"; /* leg policies inherit it */
 	fprintf(out, "        %s", k->ck_help);
+	if (k->ck_type == KT_COMPAT)
+		fprintf(out, " [%s: %s]",
+		    k->ck_compat == KCOMPAT_INERT ? "accepted, no effect"
+		        : k->ck_compat == KCOMPAT_ABSENT
+		        ? "accepted, needs"
+		        : "accepted, not implemented",
+		    k->ck_subsystem);
 	if (k->ck_type == KT_LONG || k->ck_type == KT_U64 ||
 	    k->ck_type == KT_DOUBLE) {
 		bounds_describe(k, range, sizeof(range));
@@ -1809,6 +2180,9 @@ config_load_or_exit(struct config *cf, int argc, char *argv[])
 		exit(2);
 	}
 	if (cf->cf_check_config) {
+		for (size_t i = 0; i < cf->cf_warnings_n; i++)
+			fprintf(stderr, "%s: warning: %s\n", prog,
+			    cf->cf_warnings[i]);
 		printf("%s: configuration OK\n", prog);
 		fflush(stdout);
 		config_free(cf);

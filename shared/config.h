@@ -256,6 +256,17 @@ struct config {
 	char *cf_run_dir; /* /tmp/smg-<port> */
 	long cf_frontend_slot; /* -1 = any; else 0..cf_frontends-1 */
 	bool cf_check_config;
+
+	/*
+	 * SMG flags accepted without effect (docs/compat.md): one line each,
+	 * "--flag: accepted, ...", for the launcher to log at startup.
+	 */
+	char **cf_warnings;
+	size_t cf_warnings_n;
+	/* Authentication flags given but not implemented yet: what they
+	 * protect answers 501 instead of being served unauthenticated. */
+	bool cf_control_plane_auth_pending;
+	bool cf_data_plane_auth_pending;
 };
 
 enum config_result {

@@ -47,6 +47,103 @@ struct metrics_buf {
 static const double metrics_default_bounds[] = { 0.001, 0.005, 0.01, 0.025,
 	0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300 };
 
+/*
+ * # HELP text of the families this gateway exports (SMG's wording where
+ * SMG has the family). A family missing here gets a line made from its
+ * name (metrics_help), so every family has one.
+ */
+struct metrics_help_entry {
+	const char *mh_family;
+	const char *mh_help;
+};
+
+static const struct metrics_help_entry metrics_helps[] = {
+	{ "smg_http_requests_total", "Total HTTP requests by method and path" },
+	{ "smg_http_request_duration_seconds",
+	    "HTTP request duration by method and path" },
+	{ "smg_http_responses_total",
+	    "Total HTTP responses by path, status_code and error_code" },
+	{ "smg_http_connections_active", "Currently active HTTP connections" },
+	{ "smg_http_rate_limit_total",
+	    "Admission decisions (allowed, rejected) of the rate limiter" },
+	{ "smg_worker_errors_total",
+	    "Worker-level errors by worker_type, connection_mode, error_type" },
+	{ "smg_worker_selection_total",
+	    "Worker selection events by worker_type, connection_mode, model, "
+	    "policy" },
+	{ "smg_worker_requests_active", "Requests in flight per worker" },
+	{ "smg_worker_pool_size", "Workers registered per worker_type" },
+	{ "smg_worker_health", "Worker health (1 healthy, 0 not)" },
+	{ "smg_worker_health_checks_total",
+	    "Health check results by worker_type and result" },
+	{ "smg_worker_cb_state",
+	    "Circuit breaker state per worker (0 closed, 1 open, 2 "
+	    "half-open)" },
+	{ "smg_worker_cb_transitions_total",
+	    "Circuit breaker state transitions per worker" },
+	{ "smg_worker_cb_outcomes_total",
+	    "Circuit breaker outcomes per worker (success, failure)" },
+	{ "smg_worker_cb_consecutive_failures",
+	    "Consecutive failures counted by each worker's circuit breaker" },
+	{ "smg_worker_cb_consecutive_successes",
+	    "Consecutive successes counted by each worker's circuit breaker" },
+	{ "smg_worker_retries_total", "Retries per worker_type and endpoint" },
+	{ "smg_worker_retries_exhausted_total",
+	    "Requests that used every attempt" },
+	{ "smg_worker_retry_backoff_seconds", "Backoff before each retry" },
+	{ "smg_router_requests_total",
+	    "Requests routed by router_type, backend, model, endpoint" },
+	{ "smg_router_request_duration_seconds",
+	    "Routed request duration by router_type, backend, model, "
+	    "endpoint" },
+	{ "smg_router_request_errors_total",
+	    "Routed request errors by error_type" },
+	{ "smg_router_upstream_responses_total",
+	    "Worker responses by status class" },
+	{ "smg_engine_running_requests",
+	    "Running requests reported by each engine" },
+	{ "smg_engine_waiting_requests",
+	    "Waiting requests reported by each engine" },
+	{ "smg_engine_token_usage", "KV-cache token usage of each engine" },
+	{ "smg_engine_cache_hit_rate", "Prefix cache hit rate of each engine" },
+	{ "smg_engine_gen_throughput",
+	    "Generation throughput of each engine (tokens/s)" },
+	{ "smg_pd_ttft_seconds", "PD time to first token" },
+	{ "smg_pd_prefill_duration_seconds", "PD prefill leg duration" },
+	{ "smg_pd_bootstrap_failures_total", "PD bootstrap failures" },
+};
+
+/*
+ * Writes the help of family (len bytes) into buf: the table's, else the
+ * family's own words ("smg_worker_retries_total" -> "smg-c: worker
+ * retries total").
+ */
+static void
+metrics_help(const char *family, size_t len, char *buf, size_t buflen)
+{
+	size_t i, o;
+	const char *p = family;
+
+	for (i = 0; i < sizeof(metrics_helps) / sizeof(metrics_helps[0]); i++) {
+		if (strlen(metrics_helps[i].mh_family) == len &&
+		    strncmp(metrics_helps[i].mh_family, family, len) == 0) {
+			snprintf(buf, buflen, "%s", metrics_helps[i].mh_help);
+			return;
+		}
+	}
+	if (buflen < 16)
+		return;
+	memcpy(buf, "smg-c: ", 7);
+	o = 7;
+	if (len > 4 && strncmp(p, "smg_", 4) == 0) {
+		p += 4;
+		len -= 4;
+	}
+	for (i = 0; i < len && o + 1 < buflen; i++)
+		buf[o++] = p[i] == '_' ? ' ' : p[i];
+	buf[o] = '\0';
+}
+
 static const char *const metrics_kind_names[] = {
 	[METRICS_COUNTER] = "counter",
 	[METRICS_GAUGE] = "gauge",
@@ -645,6 +742,7 @@ metrics_render(struct shm *shm, char **out, size_t *len)
 	struct metrics_entry *e, *me;
 	struct metrics_buf mb = { 0 };
 	const struct metrics_entry *typed = NULL;
+	char help[160];
 	size_t n = 0, i;
 	unsigned s;
 	int row;
@@ -687,6 +785,10 @@ metrics_render(struct shm *shm, char **out, size_t *len)
 		    metrics_cmp_span(typed->me_name, typed->me_flen,
 		        e[i].me_name, e[i].me_flen) != 0) {
 			typed = &e[i];
+			metrics_help(e[i].me_name, e[i].me_flen, help,
+			    sizeof(help));
+			metrics_printf(&mb, "# HELP %.*s %s\n",
+			    (int)e[i].me_flen, e[i].me_name, help);
 			metrics_printf(&mb, "# TYPE %.*s %s\n",
 			    (int)e[i].me_flen, e[i].me_name,
 			    metrics_kind_names[e[i].me_kind]);

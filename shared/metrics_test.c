@@ -130,8 +130,10 @@ test_counters_summed(void **state)
 
 	out = render(fx->fx_shm);
 	assert_string_equal(out,
+	    "# HELP smg_a_gauge smg-c: a gauge\n"
 	    "# TYPE smg_a_gauge gauge\n"
 	    "smg_a_gauge 4\n"
+	    "# HELP smg_x_total smg-c: x total\n"
 	    "# TYPE smg_x_total counter\n"
 	    "smg_x_total{worker=\"http://w0:8000\",status=\"200\"} 1\n"
 	    "smg_x_total{worker=\"http://w1:8000\",status=\"200\"} 7\n");
@@ -150,6 +152,7 @@ test_float_gauge(void **state)
 	metrics_set_float(fx->fx_shm, SHM_ROW_POLLER, g, 0.123456);
 	out = render(fx->fx_shm);
 	assert_string_equal(out,
+	    "# HELP smg_ratio smg-c: ratio\n"
 	    "# TYPE smg_ratio gauge\nsmg_ratio 0.123456\n");
 	free(out);
 }
@@ -210,6 +213,7 @@ test_escaping(void **state)
 	metrics_add(fx->fx_shm, 1, s, 2);
 	out = render(fx->fx_shm);
 	assert_string_equal(out,
+	    "# HELP smg_e_total smg-c: e total\n"
 	    "# TYPE smg_e_total counter\n"
 	    "smg_e_total{model=\"a\\\"b\\\\c\\nd\",empty=\"\"} 2\n");
 	free(out);
@@ -255,6 +259,7 @@ test_histogram(void **state)
 
 	out = render(fx->fx_shm);
 	assert_string_equal(out,
+	    "# HELP smg_lat_seconds smg-c: lat seconds\n"
 	    "# TYPE smg_lat_seconds histogram\n"
 	    "smg_lat_seconds_bucket{endpoint=\"chat\",le=\"0.1\"} 3\n"
 	    "smg_lat_seconds_bucket{endpoint=\"chat\",le=\"0.5\"} 4\n"
@@ -274,6 +279,7 @@ test_histogram(void **state)
 	metrics_observe(fx->fx_shm, 3, &hd, 0.0123);
 	out = render(fx->fx_shm);
 	assert_non_null(strstr(out,
+	    "# HELP smg_d_seconds smg-c: d seconds\n"
 	    "# TYPE smg_d_seconds histogram\n"
 	    "smg_d_seconds_bucket{le=\"0.001\"} 0\n"
 	    "smg_d_seconds_bucket{le=\"0.005\"} 0\n"
@@ -391,7 +397,9 @@ test_survives_reattach(void **state)
 	    metrics_series(again, METRICS_COUNTER, "smg_r_total", NULL), s);
 	metrics_add(again, 0, s, 1);
 	out = render(again);
-	assert_string_equal(out, "# TYPE smg_r_total counter\nsmg_r_total 6\n");
+	assert_string_equal(out,
+	    "# HELP smg_r_total smg-c: r total\n"
+	    "# TYPE smg_r_total counter\nsmg_r_total 6\n");
 	free(out);
 	shm_close(again);
 }

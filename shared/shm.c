@@ -31,7 +31,8 @@ static void shm_sleep_ms(unsigned);
 static int shm_check_header(const struct shm_segment *, const char *);
 static int shm_pid_gone(int32_t);
 static int shm_row_dead(struct shm_row *, int32_t, uint64_t);
-static int shm_row_reclaim(struct shm_row *, int32_t);
+static int shm_row_reclaim(struct shm *, struct shm_row *, int32_t);
+static void shm_admission_return(struct shm *, struct shm_row *);
 static int shm_row_take(struct shm *, int);
 static void shm_row_zero(struct shm_row *);
 
@@ -381,7 +382,7 @@ shm_row_zero(struct shm_row *r)
  * another process claims right after is never zeroed under it.
  */
 static int
-shm_row_reclaim(struct shm_row *r, int32_t seen)
+shm_row_reclaim(struct shm *shm, struct shm_row *r, int32_t seen)
 {
 	int32_t mark = -(int32_t)getpid();
 
@@ -389,6 +390,7 @@ shm_row_reclaim(struct shm_row *r, int32_t seen)
 	        memory_order_acq_rel, memory_order_relaxed))
 		return 0;
 	shm_row_zero(r);
+	shm_admission_return(shm, r);
 	atomic_store_explicit(&r->row_heartbeat_ms, shm_now_ms(),
 	    memory_order_relaxed);
 	atomic_store_explicit(&r->row_pid, 0, memory_order_release);
@@ -420,7 +422,7 @@ shm_row_take(struct shm *shm, int row)
 		}
 		if (!shm_row_dead(r, cur, shm_now_ms()))
 			return -1;
-		if (shm_row_reclaim(r, cur))
+		if (shm_row_reclaim(shm, r, cur))
 			log_info("%s: row %d of dead pid %d reclaimed",
 			    __func__, row, cur < 0 ? -cur : cur);
 	}
@@ -482,7 +484,7 @@ shm_row_release(struct shm *shm, int row)
 	if (atomic_load_explicit(&r->row_pid, memory_order_acquire) !=
 	    (int32_t)getpid())
 		return;
-	shm_row_reclaim(r, (int32_t)getpid());
+	shm_row_reclaim(shm, r, (int32_t)getpid());
 }
 
 int
@@ -498,7 +500,7 @@ shm_reclaim_dead(struct shm *shm)
 		pid = atomic_load_explicit(&r->row_pid, memory_order_acquire);
 		if (pid == 0 || !shm_row_dead(r, pid, now))
 			continue;
-		if (shm_row_reclaim(r, pid)) {
+		if (shm_row_reclaim(shm, r, pid)) {
 			log_info("%s: row %d of dead pid %d reclaimed",
 			    __func__, row, pid < 0 ? -pid : pid);
 			n++;
@@ -623,4 +625,103 @@ shm_pending_total(struct shm *shm, unsigned slot)
 		    &shm->sm_seg->sh_rows[row].row_pending_tokens[slot],
 		    memory_order_relaxed);
 	return total > 0 ? (uint64_t)total : 0;
+}
+
+/* ---------------------------------------------------------------- admission */
+
+/* Decrements *p unless it is zero; returns whether it did. */
+static bool
+shm_dec_floor(_Atomic uint32_t *p, uint32_t by)
+{
+	uint32_t v = atomic_load_explicit(p, memory_order_relaxed);
+
+	while (v > 0 &&
+	    !atomic_compare_exchange_weak_explicit(p, &v, v > by ? v - by : 0,
+	        memory_order_acq_rel, memory_order_relaxed))
+		;
+	return v > 0;
+}
+
+/* A reclaimed row's admitted and queued requests leave the totals. */
+static void
+shm_admission_return(struct shm *shm, struct shm_row *r)
+{
+	uint32_t n;
+	int i;
+
+	for (i = 0; i < 2; i++) {
+		n = atomic_exchange_explicit(&r->row_admission[i], 0,
+		    memory_order_acq_rel);
+		if (n > 0)
+			shm_dec_floor(&shm->sm_seg->sh_admission[i], n);
+	}
+}
+
+bool
+shm_admission_take(struct shm *shm, int row, enum shm_admission which,
+    uint32_t cap)
+{
+	_Atomic uint32_t *p;
+	uint32_t v;
+
+	if (row < 0 || row >= SHM_ROWS || (unsigned)which > 1)
+		return false;
+	p = &shm->sm_seg->sh_admission[which];
+	v = atomic_load_explicit(p, memory_order_relaxed);
+	do {
+		if (v >= cap)
+			return false;
+	} while (!atomic_compare_exchange_weak_explicit(p, &v, v + 1,
+	    memory_order_acq_rel, memory_order_relaxed));
+	atomic_fetch_add_explicit(
+	    &shm->sm_seg->sh_rows[row].row_admission[which], 1,
+	    memory_order_relaxed);
+	return true;
+}
+
+void
+shm_admission_put(struct shm *shm, int row, enum shm_admission which)
+{
+	if (row < 0 || row >= SHM_ROWS || (unsigned)which > 1)
+		return;
+	/* Only what this row still holds: a reclaim may have taken it. */
+	if (shm_dec_floor(&shm->sm_seg->sh_rows[row].row_admission[which], 1))
+		shm_dec_floor(&shm->sm_seg->sh_admission[which], 1);
+}
+
+uint32_t
+shm_admission_total(struct shm *shm, enum shm_admission which)
+{
+	if ((unsigned)which > 1)
+		return 0;
+	return atomic_load_explicit(&shm->sm_seg->sh_admission[which],
+	    memory_order_relaxed);
+}
+
+bool
+shm_rate_take(struct shm *shm, double rate, double burst, uint64_t now_us,
+    uint64_t *wait_us)
+{
+	_Atomic int64_t *p = &shm->sm_seg->sh_rate_tat_us;
+	int64_t tat, next, now = (int64_t)now_us, step, slack;
+
+	if (rate <= 0)
+		return true;
+	step = (int64_t)(1e6 / rate);
+	if (step < 1)
+		step = 1;
+	slack = (int64_t)((burst > 1 ? burst - 1 : 0) * (double)step);
+	tat = atomic_load_explicit(p, memory_order_relaxed);
+	for (;;) {
+		next = (tat > now ? tat : now) + step;
+		if (next - now > step + slack) {
+			if (wait_us != NULL)
+				*wait_us =
+				    (uint64_t)(next - now - step - slack);
+			return false;
+		}
+		if (atomic_compare_exchange_weak_explicit(p, &tat, next,
+		        memory_order_acq_rel, memory_order_relaxed))
+			return true;
+	}
 }

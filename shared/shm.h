@@ -29,7 +29,7 @@
 #include <sys/types.h>
 
 #define SHM_MAGIC              0x53474d43u /* "SMGC" */
-#define SHM_VERSION            4u
+#define SHM_VERSION            5u
 #define SHM_FILENAME           "smg.shm"
 #define SHM_MAX_WORKERS        512
 #define SHM_MAX_FRONTENDS      64
@@ -104,6 +104,8 @@ struct shm_row {
 	 * byte. Never below zero (shm_pending_add clamps).
 	 */
 	_Atomic int64_t row_pending_tokens[SHM_MAX_WORKERS];
+	/* This row's share of sh_admission (enum shm_admission). */
+	_Atomic uint32_t row_admission[2];
 };
 
 struct shm_series {
@@ -120,6 +122,13 @@ struct shm_segment {
 	_Atomic uint64_t sh_workers_generation; /* bumps on any slot write */
 	_Atomic uint32_t sh_series_count;
 	uint32_t sh_pad;
+	/*
+	 * Gateway-wide admission (--max-concurrent-requests): requests
+	 * admitted and requests queued, summed over every row, and the rate
+	 * limiter's theoretical arrival time (GCRA, CLOCK_MONOTONIC us).
+	 */
+	_Atomic uint32_t sh_admission[2];
+	_Atomic int64_t sh_rate_tat_us;
 	struct shm_worker_slot sh_workers[SHM_MAX_WORKERS];
 	/* Prefill rate the broker expects of each slot's worker, tokens/s
 	 * (learned, else its prior; 0 unknown). Written by the broker. */
@@ -210,5 +219,32 @@ uint64_t shm_pending_total(struct shm *shm, unsigned slot);
  * unknown); set by the broker, read by the frontends. */
 void shm_prefill_rate_set(struct shm *shm, unsigned slot, uint32_t tps);
 uint32_t shm_prefill_rate(struct shm *shm, unsigned slot);
+
+/*
+ * Admission across every frontend (gateway.md §2.6, §5). Each counter is
+ * gateway-wide, with each row's share kept so that a dead row's share is
+ * given back when it is reclaimed (shm_reclaim_dead, shm_row_release).
+ * shm_admission_take adds one for the caller's row if the total stays at
+ * or below cap and returns true; shm_admission_put gives one back (never
+ * below zero). A process that dies between the two updates of a take
+ * leaks one unit until the segment is recreated (a window of two atomic
+ * operations).
+ */
+enum shm_admission {
+	SHM_ADMISSION_RUNNING = 0,
+	SHM_ADMISSION_QUEUED,
+};
+bool shm_admission_take(struct shm *shm, int row, enum shm_admission which,
+    uint32_t cap);
+void shm_admission_put(struct shm *shm, int row, enum shm_admission which);
+uint32_t shm_admission_total(struct shm *shm, enum shm_admission which);
+/*
+ * The gateway-wide token bucket, as GCRA on one atomic: rate tokens per
+ * second, up to burst tokens banked. Takes one token at now_us (monotonic
+ * microseconds) and returns true, or returns false and leaves the bucket
+ * as it was; *wait_us then tells when one will be there.
+ */
+bool shm_rate_take(struct shm *shm, double rate, double burst, uint64_t now_us,
+    uint64_t *wait_us);
 
 #endif /* SHARED_SHM_H */

@@ -508,6 +508,69 @@ test_broker_restart(void **state)
 	shm_close(fe);
 }
 
+/* The gateway-wide admission counters: a cap, and a dead row's share. */
+static void
+test_admission(void **state)
+{
+	struct fixture *fx = *state;
+	struct shm *shm;
+	struct shm_segment *seg;
+
+	shm = shm_open_segment(fx->fx_run);
+	assert_non_null(shm);
+	seg = shm_segment(shm);
+	assert_true(shm_admission_take(shm, 0, SHM_ADMISSION_RUNNING, 3));
+	assert_true(shm_admission_take(shm, 1, SHM_ADMISSION_RUNNING, 3));
+	assert_true(shm_admission_take(shm, 1, SHM_ADMISSION_RUNNING, 3));
+	assert_false(shm_admission_take(shm, 0, SHM_ADMISSION_RUNNING, 3));
+	assert_int_equal(shm_admission_total(shm, SHM_ADMISSION_RUNNING), 3);
+	assert_true(shm_admission_take(shm, 0, SHM_ADMISSION_QUEUED, 1));
+	assert_false(shm_admission_take(shm, 1, SHM_ADMISSION_QUEUED, 1));
+	shm_admission_put(shm, 0, SHM_ADMISSION_RUNNING);
+	assert_true(shm_admission_take(shm, 0, SHM_ADMISSION_RUNNING, 3));
+	/* A put beyond what a row holds changes nothing. */
+	shm_admission_put(shm, 2, SHM_ADMISSION_RUNNING);
+	assert_int_equal(shm_admission_total(shm, SHM_ADMISSION_RUNNING), 3);
+
+	/* Row 1 dies holding two: they are given back. */
+	atomic_store(&seg->sh_rows[1].row_pid, 999999);
+	atomic_store(&seg->sh_rows[1].row_heartbeat_ms,
+	    shm_now_ms() - SHM_HEARTBEAT_STALE_MS - 1000);
+	assert_int_equal(shm_reclaim_dead(shm), 1);
+	assert_int_equal(shm_admission_total(shm, SHM_ADMISSION_RUNNING), 1);
+	assert_int_equal(shm_admission_total(shm, SHM_ADMISSION_QUEUED), 1);
+	shm_admission_put(shm, 0, SHM_ADMISSION_RUNNING);
+	shm_admission_put(shm, 0, SHM_ADMISSION_QUEUED);
+	assert_int_equal(shm_admission_total(shm, SHM_ADMISSION_RUNNING), 0);
+	assert_int_equal(shm_admission_total(shm, SHM_ADMISSION_QUEUED), 0);
+	shm_close(shm);
+}
+
+/* GCRA: a burst, then one token per 1/rate seconds. */
+static void
+test_rate(void **state)
+{
+	struct fixture *fx = *state;
+	struct shm *shm;
+	uint64_t t = 1000000000, wait = 0;
+
+	shm = shm_open_segment(fx->fx_run);
+	assert_non_null(shm);
+	assert_true(shm_rate_take(shm, 10, 2, t, &wait));
+	assert_true(shm_rate_take(shm, 10, 2, t, &wait));
+	assert_false(shm_rate_take(shm, 10, 2, t, &wait));
+	assert_int_equal(wait, 100000);
+	assert_false(shm_rate_take(shm, 10, 2, t + 99999, &wait));
+	assert_true(shm_rate_take(shm, 10, 2, t + 100000, &wait));
+	assert_false(shm_rate_take(shm, 10, 2, t + 100000, &wait));
+	/* Idle time banks at most the burst. */
+	t += 10000000;
+	assert_true(shm_rate_take(shm, 10, 2, t, &wait));
+	assert_true(shm_rate_take(shm, 10, 2, t, &wait));
+	assert_false(shm_rate_take(shm, 10, 2, t, &wait));
+	shm_close(shm);
+}
+
 int
 main(void)
 {
@@ -532,6 +595,9 @@ main(void)
 		    teardown),
 		cmocka_unit_test_setup_teardown(test_broker_restart, setup,
 		    teardown),
+		cmocka_unit_test_setup_teardown(test_admission, setup,
+		    teardown),
+		cmocka_unit_test_setup_teardown(test_rate, setup, teardown),
 	};
 
 	log_init("shm_test", LOG_LEVEL_WARN);
