@@ -12,6 +12,7 @@
 #include "shared/config.h"
 #include "shared/fdlimit.h"
 #include "shared/log.h"
+#include "shared/logsetup.h"
 #include "shared/portlock.h"
 #include "shared/sighup.h"
 #include "shared/urlallow.h"
@@ -198,6 +199,7 @@ main(int argc, char *argv[])
 	if ((loop = ev_default_loop(EVFLAG_AUTO)) == NULL)
 		fatalx("cannot initialise the event loop");
 	broker_claim_port(loop, &cf);
+	logsetup_apply(loop, &cf);
 	if ((br = server_new(loop, &bs, true)) == NULL)
 		fatalx("startup failed");
 	sighup_ignore(loop);

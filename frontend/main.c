@@ -19,6 +19,7 @@
 #include "shared/fdlimit.h"
 #include "shared/ipc.h"
 #include "shared/log.h"
+#include "shared/logsetup.h"
 #include "shared/portlock.h"
 #include "shared/sighup.h"
 #include "shared/tls.h"
@@ -111,6 +112,7 @@ main(int argc, char *argv[])
 	srandom((unsigned)time(NULL) ^ (unsigned)getpid());
 
 	loop = ev_default_loop(0);
+	logsetup_apply(loop, &cf);
 	fe->fe_loop = loop;
 	fe->fe_cf = &cf;
 	fe->fe_limits.hl_max_body_bytes = cf.cf_max_payload_size;

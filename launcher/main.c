@@ -19,7 +19,9 @@
  * after it, for runs slowed down on purpose, e.g. under valgrind) is
  * killed. Then the run dir's sockets, the segment and the run dir are
  * removed and the launcher exits 0. A second SIGTERM/SIGINT kills at once.
- * SIGHUP is a logged no-op here and in every child (shared/sighup.h), and
+ * SIGUSR1 reopens the --log-dir files here and is passed on to every child
+ * (shared/logsetup.h). SIGHUP is a logged no-op here and in every child
+ * (shared/sighup.h), and
  * is not passed on. Children get PR_SET_PDEATHSIG so they never outlive a
  * launcher killed with SIGKILL.
  */
@@ -45,6 +47,7 @@
 #include "shared/config.h"
 #include "shared/fdlimit.h"
 #include "shared/log.h"
+#include "shared/logsetup.h"
 #include "shared/portlock.h"
 #include "shared/shm.h"
 #include "shared/sighup.h"
@@ -91,6 +94,7 @@ struct launcher {
 	ev_tstamp l_stop_secs; /* SIGTERM to SIGKILL */
 	ev_signal l_sigterm;
 	ev_signal l_sigint;
+	ev_signal l_sigusr1; /* passed on: one signal reopens every log */
 	ev_timer l_kill;
 };
 
@@ -104,6 +108,8 @@ static void launcher_child_cb(struct ev_loop *, ev_child *, int);
 static void launcher_restart_cb(struct ev_loop *, ev_timer *, int);
 static void launcher_signal_cb(struct ev_loop *, ev_signal *, int);
 static void launcher_kill_cb(struct ev_loop *, ev_timer *, int);
+static void launcher_usr1_cb(struct ev_loop *, ev_signal *, int);
+static void launcher_signal_all(struct launcher *, int, bool);
 static size_t launcher_running(struct launcher *);
 static void launcher_stop_progress(struct launcher *);
 static void launcher_clean_run_dir(struct launcher *);
@@ -155,6 +161,7 @@ main(int argc, char *argv[])
 	launcher_probe_port(cf.cf_prometheus_host, cf.cf_prometheus_port);
 	if (cf.cf_health_check_port_set)
 		launcher_probe_port(cf.cf_host, cf.cf_health_check_port);
+	logsetup_apply(l.l_loop, &cf);
 	l.l_stop_secs =
 	    (double)cf.cf_shutdown_grace_period_secs + launcher_stop_margin();
 
@@ -182,6 +189,10 @@ main(int argc, char *argv[])
 	ev_signal_start(l.l_loop, &l.l_sigterm);
 	ev_signal_start(l.l_loop, &l.l_sigint);
 	sighup_ignore(l.l_loop);
+	ev_signal_init(&l.l_sigusr1, launcher_usr1_cb, SIGUSR1);
+	l.l_sigusr1.data = &l;
+	ev_signal_start(l.l_loop, &l.l_sigusr1);
+	ev_unref(l.l_loop);
 	ev_timer_init(&l.l_kill, launcher_kill_cb, l.l_stop_secs, 0.);
 	l.l_kill.data = &l;
 
@@ -382,6 +393,7 @@ launcher_spawn(struct child *ch)
 		signal(SIGPIPE, SIG_DFL);
 		/* Ignored until the child's own no-op watcher is up. */
 		signal(SIGHUP, SIG_IGN);
+		signal(SIGUSR1, SIG_IGN);
 		if (prctl(PR_SET_PDEATHSIG, SIGTERM) == -1 ||
 		    getppid() != l->l_pid)
 			_exit(1);
@@ -537,6 +549,15 @@ launcher_signal_cb(struct ev_loop *loop, ev_signal *w, int revents)
 	launcher_signal_all(l, SIGTERM, true);
 	ev_timer_start(loop, &l->l_kill);
 	launcher_stop_progress(l);
+}
+
+/* SIGUSR1 (logrotate's postrotate): every child reopens its log too. */
+static void
+launcher_usr1_cb(struct ev_loop *loop, ev_signal *w, int revents)
+{
+	(void)loop;
+	(void)revents;
+	launcher_signal_all(w->data, SIGUSR1, false);
 }
 
 static void
