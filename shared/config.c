@@ -1810,6 +1810,19 @@ config_load_or_exit(struct config *cf, int argc, char *argv[])
 		fprintf(stderr, "%s: %s\n", prog, err);
 		exit(2);
 	}
+	/* Parsed (SMG's grammar) but not implemented here: refused, rather
+	 * than a gateway that silently discovers no worker. */
+	if (cf->cf_service_discovery || cf->cf_selector_n > 0 ||
+	    cf->cf_prefill_selector_n > 0 || cf->cf_decode_selector_n > 0 ||
+	    cf->cf_service_discovery_namespace != NULL) {
+		fprintf(stderr,
+		    "%s: --service-discovery (and --selector, "
+		    "--prefill-selector, --decode-selector, "
+		    "--service-discovery-namespace) not supported by smg-c: "
+		    "list workers with --worker-urls or POST /workers\n",
+		    prog);
+		exit(2);
+	}
 	if (cf->cf_check_config) {
 		printf("%s: configuration OK\n", prog);
 		fflush(stdout);

@@ -216,3 +216,45 @@ def test_busy_port_exits_at_once(tmp_path):
         assert not (tmp_path / "run").exists()
     finally:
         s.close()
+
+
+def test_service_discovery_refused(tmp_path):
+    """Kubernetes discovery is not implemented: the flags are refused with
+    exit 2 and one line, not accepted for a gateway with 0 workers."""
+    for args in (["--service-discovery"], ["--selector", "app=sglang"],
+                 ["--service-discovery", "--prefill-selector", "r=p",
+                  "--decode-selector", "r=d", "--pd-disaggregation"]):
+        r = run_smg("--run-dir", tmp_path / "run", "--state-dir",
+                    tmp_path / "state", "--port", util.free_port(), *args)
+        assert r.returncode == 2, r
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1 and "not supported" in lines[0], r.stderr
+        assert not (tmp_path / "run").exists()
+
+
+def test_admin_fails_fast_without_broker(tmp_path):
+    """A frontend whose broker is not running answers the worker API 503
+    within a second instead of waiting for the IPC timeout."""
+    port = util.free_port()
+    argv = [util.binary("smg-frontend"), "--host", "127.0.0.1", "--port",
+            str(port), "--prometheus-host", "127.0.0.1",
+            "--prometheus-port", str(util.free_port()),
+            "--run-dir", str(tmp_path / "run"),
+            "--state-dir", str(tmp_path / "state"), "--frontends", "1",
+            "--frontend-slot", "0", *RR]
+    fe = util.Proc("frontend", argv, tmp_path)
+    try:
+        util.wait_for(lambda: util.get(port, "/liveness", timeout=2).status
+                      == 200, what="frontend liveness")
+        for method, path, body in (("GET", "/workers", None),
+                                   ("POST", "/workers",
+                                    {"url": "http://127.0.0.1:9"})):
+            t0 = time.monotonic()
+            r = util.request(port, method, path, body=body, timeout=15)
+            took = time.monotonic() - t0
+            assert r.status == 503, r
+            assert b"broker_unavailable" in r.body, r
+            assert took <= 1.0 * util.TIMEOUT_MULT, took
+        fe.stop()
+    finally:
+        fe.kill()
