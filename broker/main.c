@@ -12,6 +12,8 @@
 #include "shared/config.h"
 #include "shared/fdlimit.h"
 #include "shared/log.h"
+#include "shared/logsetup.h"
+#include "shared/portlock.h"
 #include "shared/sighup.h"
 #include "shared/urlallow.h"
 #include "shared/xmalloc.h"
@@ -151,6 +153,34 @@ broker_settings_fill(struct broker_settings *bs, const struct config *cf,
 	*wsp = ws;
 }
 
+/*
+ * One gateway per --host:--port (shared/portlock.h). Under a supervisor
+ * the broker holds the claim; under the launcher the launcher does and
+ * the broker finds it held by its own run dir.
+ */
+static void
+broker_claim_port(struct ev_loop *loop, const struct config *cf)
+{
+	struct portlock_owner o;
+
+	switch (
+	    portlock_take(loop, cf->cf_host, cf->cf_port, cf->cf_run_dir, &o)) {
+	case PORTLOCK_TAKEN:
+	case PORTLOCK_SAME:
+	case PORTLOCK_FREE:
+		return;
+	case PORTLOCK_OTHER:
+		log_error(
+		    "%s: %s:%ld is already served by the smg-c gateway of "
+		    "pid %ld (run dir %s); not starting",
+		    __func__, cf->cf_host, cf->cf_port, o.po_pid, o.po_run_dir);
+		exit(2);
+	case PORTLOCK_ERROR:
+		break;
+	}
+	fatal("%s: cannot claim %s:%ld", __func__, cf->cf_host, cf->cf_port);
+}
+
 int
 main(int argc, char *argv[])
 {
@@ -168,6 +198,8 @@ main(int argc, char *argv[])
 	broker_settings_fill(&bs, &cf, &ws);
 	if ((loop = ev_default_loop(EVFLAG_AUTO)) == NULL)
 		fatalx("cannot initialise the event loop");
+	broker_claim_port(loop, &cf);
+	logsetup_apply(loop, &cf);
 	if ((br = server_new(loop, &bs, true)) == NULL)
 		fatalx("startup failed");
 	sighup_ignore(loop);
@@ -179,6 +211,7 @@ main(int argc, char *argv[])
 	        : 0);
 	ev_run(loop, 0);
 	server_free(br);
+	portlock_release(loop);
 	log_info("smg-broker: stopped");
 	free(ws);
 	free((void *)bs.bs_allow);

@@ -79,6 +79,11 @@ struct conn {
 	uint64_t c_buffered; /* body bytes counted in conn_buffered */
 	const char *c_method_label; /* metric labels of the request */
 	const char *c_path_label;
+	/* The access line's fields (log_access), per request. */
+	ev_tstamp c_t0; /* request head complete */
+	uint64_t c_sent; /* response bytes written */
+	char c_reqid[64];
+	char c_worker[128];
 	TAILQ_ENTRY(conn) c_link;
 	TAILQ_ENTRY(conn) c_flush_link;
 };
@@ -111,6 +116,7 @@ static int conn_buffer_account(struct conn *, uint64_t);
 static void conn_begin(struct conn *, const struct http_request *);
 static void conn_stream_body(struct conn *, const struct http_request *);
 static void conn_body_piece(struct conn *, const struct http_request *, bool);
+static void conn_access_log(struct conn *);
 
 void
 conn_accept(int fd, enum listener_kind kind)
@@ -372,6 +378,7 @@ conn_write(struct conn *c)
 			}
 		}
 		c->c_outoff += (size_t)n;
+		c->c_sent += (uint64_t)n;
 	}
 	ev_io_stop(fe->fe_loop, &c->c_wio);
 	http_out_reset(&c->c_out);
@@ -707,6 +714,9 @@ conn_begin(struct conn *c, const struct http_request *req)
 	/* Kept as static strings: the request may be gone at the end. */
 	c->c_method_label = stats_method_label(req);
 	c->c_path_label = stats_path_label(req->hr_path);
+	c->c_t0 = ev_now(fe->fe_loop);
+	c->c_sent = 0;
+	c->c_reqid[0] = c->c_worker[0] = '\0';
 }
 
 /*
@@ -821,10 +831,12 @@ conn_timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
 void
 conn_request_done(struct conn *c)
 {
-	if (c->c_state == CONN_BUSY)
+	if (c->c_state == CONN_BUSY) {
 		stats_http_response(c->c_method_label, c->c_path_label,
 		    c->c_status != 0 ? c->c_status : 500, c->c_error_code,
 		    ev_time() - c->c_started);
+		conn_access_log(c);
+	}
 	/* Whatever the handler still holds goes before the next request. */
 	arena_reset(&c->c_pool);
 	conn_buffer_account(c, 0);
@@ -853,6 +865,29 @@ conn_request_done(struct conn *c)
 	conn_process(c);
 }
 
+/*
+ * One access line per request of the main listener (not metrics scrapes
+ * or the health port), unless --no-access-log. Bytes are the response
+ * bytes written or still queued; method and path are the metric labels
+ * (bounded, so a client cannot fill the log with its own strings).
+ */
+static void
+conn_access_log(struct conn *c)
+{
+	struct log_access a;
+
+	if (fe->fe_cf->cf_no_access_log || c->c_kind != LISTENER_MAIN)
+		return;
+	a.la_method = c->c_method_label;
+	a.la_path = c->c_path_label;
+	a.la_status = c->c_status != 0 ? c->c_status : 500;
+	a.la_worker = c->c_worker;
+	a.la_latency_ms = (ev_time() - c->c_t0) * 1e3;
+	a.la_bytes = c->c_sent + (c->c_out.ho_len - c->c_outoff);
+	a.la_request_id = c->c_reqid;
+	log_access(&a);
+}
+
 void
 conn_request_abort(struct conn *c)
 {
@@ -866,6 +901,8 @@ conn_respond(struct conn *c, int status, const char *content_type,
 {
 	struct http_out *o = conn_response(c, status);
 
+	if (request_id != NULL)
+		snprintf(c->c_reqid, sizeof(c->c_reqid), "%s", request_id);
 	if (content_type != NULL)
 		http_out_header(o, "content-type", content_type);
 	http_out_headerf(o, "content-length", "%zu", len);
@@ -885,6 +922,8 @@ conn_error(struct conn *c, int status, const char *code, const char *message,
 	c->c_status = status;
 	snprintf(c->c_error_code, sizeof(c->c_error_code), "%s",
 	    code != NULL ? code : "");
+	if (request_id != NULL)
+		snprintf(c->c_reqid, sizeof(c->c_reqid), "%s", request_id);
 	http_out_error(&c->c_out, status, code, message, request_id,
 	    retry_after_secs, conn_keep_alive(c));
 	conn_request_done(c);
@@ -919,6 +958,10 @@ conn_relay_head(struct conn *c, int status, const struct upstream_header *h,
     const char *request_id, const char *worker_url)
 {
 	c->c_status = status;
+	if (request_id != NULL)
+		snprintf(c->c_reqid, sizeof(c->c_reqid), "%s", request_id);
+	if (worker_url != NULL)
+		snprintf(c->c_worker, sizeof(c->c_worker), "%s", worker_url);
 	hdr_response_head(&c->c_out, status, h, n, keep_length, streaming,
 	    chunked, request_id, worker_url, conn_keep_alive(c));
 }

@@ -24,7 +24,9 @@ endpoint_readiness(struct conn *c, const char *id)
 		if (shm_worker_read(fe->fe_shm, slot, &w) == -1)
 			continue;
 		total++;
-		if (w.sw_status == SHM_WORKER_READY) {
+		/* Routable: Ready and its circuit breaker not open. */
+		if (w.sw_status == SHM_WORKER_READY &&
+		    w.sw_breaker != SHM_BREAKER_OPEN) {
 			healthy++;
 			if (w.sw_type < 4)
 				ready_type[w.sw_type]++;

@@ -19,6 +19,8 @@
 #include "shared/fdlimit.h"
 #include "shared/ipc.h"
 #include "shared/log.h"
+#include "shared/logsetup.h"
+#include "shared/portlock.h"
 #include "shared/sighup.h"
 #include "shared/tls.h"
 
@@ -101,6 +103,7 @@ main(int argc, char *argv[])
 {
 	static struct config cf;
 	struct upstream_config uc;
+	struct portlock_owner owner;
 	struct ev_loop *loop;
 	size_t i;
 
@@ -111,6 +114,7 @@ main(int argc, char *argv[])
 	srandom((unsigned)time(NULL) ^ (unsigned)getpid());
 
 	loop = ev_default_loop(0);
+	logsetup_apply(loop, &cf);
 	fe->fe_loop = loop;
 	fe->fe_cf = &cf;
 	fe->fe_limits.hl_max_body_bytes = cf.cf_max_payload_size;
@@ -121,6 +125,18 @@ main(int argc, char *argv[])
 	if ((fe->fe_row = shm_frontend_claim(fe->fe_shm,
 	         (int)cf.cf_frontend_slot)) == -1)
 		fatalx("%s: no free frontend row", __func__);
+	if (cf.cf_frontend_slot >= 0 && fe->fe_row != cf.cf_frontend_slot) {
+		/* A live duplicate (an orphan of a killed supervisor): two
+		 * processes of one slot would both listen. */
+		log_error("%s: frontend slot %ld is held by live pid %d; not "
+		          "starting",
+		    __func__, cf.cf_frontend_slot,
+		    (int)atomic_load(&shm_segment(fe->fe_shm)
+		                          ->sh_rows[cf.cf_frontend_slot]
+		                          .row_pid));
+		shm_row_release(fe->fe_shm, fe->fe_row);
+		exit(2);
+	}
 	shm_heartbeat(fe->fe_shm, fe->fe_row);
 	stats_init();
 	hdr_init(&cf);
@@ -154,6 +170,15 @@ main(int argc, char *argv[])
 	decide_init();
 
 	conn_set_routes(&router_routes);
+	/* One gateway per port (shared/portlock.h): never join another's. */
+	if (portlock_query(cf.cf_host, cf.cf_port, cf.cf_run_dir, &owner) ==
+	    PORTLOCK_OTHER) {
+		log_error("%s: %s:%ld is already served by the smg-c gateway "
+		          "of pid %ld (run dir %s); not starting",
+		    __func__, cf.cf_host, cf.cf_port, owner.po_pid,
+		    owner.po_run_dir);
+		exit(2);
+	}
 	if (listener_open(cf.cf_host, cf.cf_port, LISTENER_MAIN) == -1)
 		fatalx("%s: cannot listen on %s:%ld", __func__, cf.cf_host,
 		    cf.cf_port);

@@ -2,27 +2,41 @@
  * main.c: smg, the foreground launcher.
  *
  * It parses the command line once (a bad line exits 2 before anything is
- * created), makes the run and state directories and the shared segment,
- * then starts one smg-broker, one smg-poller and --frontends smg-frontend
- * processes from its own directory, each with the same arguments (frontends
- * also get --frontend-slot). A child that dies is logged and restarted
- * with backoff. SIGTERM/SIGINT stop every child (SIGKILL after 4 s, or
- * after SMG_STOP_SECS from the environment for runs slowed down on purpose,
- * e.g. under valgrind), remove the run dir's sockets, the segment and the
- * run dir, and exit 0. SIGHUP is a logged no-op here and in every child
- * (shared/sighup.h), and is not passed on. Children get
- * PR_SET_PDEATHSIG so they never outlive a launcher killed with SIGKILL.
+ * created), claims --host:--port for this gateway (shared/portlock.h: a
+ * second gateway on the same port exits 2 naming the owner's pid), checks
+ * that the listening ports can be bound (exit 1 at once, not a restart
+ * loop), makes the run and state directories and the shared segment, then
+ * starts one smg-broker, one smg-poller and --frontends smg-frontend
+ * processes from its own directory, each with the same arguments
+ * (frontends also get --frontend-slot). A child that dies is logged and
+ * restarted with backoff.
+ *
+ * SIGTERM/SIGINT drain: the frontends get SIGTERM first and finish their
+ * in-flight requests for up to --shutdown-grace-period-secs; once the last
+ * frontend is gone the broker and the poller get SIGTERM (a draining
+ * frontend may still ask the broker for a retry's worker). What is still
+ * running LAUNCHER_STOP_MARGIN s after the grace period (or SMG_STOP_SECS
+ * after it, for runs slowed down on purpose, e.g. under valgrind) is
+ * killed. Then the run dir's sockets, the segment and the run dir are
+ * removed and the launcher exits 0. A second SIGTERM/SIGINT kills at once.
+ * SIGUSR1 reopens the --log-dir files here and is passed on to every child
+ * (shared/logsetup.h). SIGHUP is a logged no-op here and in every child
+ * (shared/sighup.h), and
+ * is not passed on. Children get PR_SET_PDEATHSIG so they never outlive a
+ * launcher killed with SIGKILL.
  */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <netdb.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -33,6 +47,8 @@
 #include "shared/config.h"
 #include "shared/fdlimit.h"
 #include "shared/log.h"
+#include "shared/logsetup.h"
+#include "shared/portlock.h"
 #include "shared/shm.h"
 #include "shared/sighup.h"
 #include "shared/xmalloc.h"
@@ -40,7 +56,7 @@
 #define LAUNCHER_BACKOFF_MIN  0.1 /* first restart delay, s */
 #define LAUNCHER_BACKOFF_MAX  5.0 /* doubling stops here */
 #define LAUNCHER_HEALTHY_SECS 10.0 /* a run this long resets the delay */
-#define LAUNCHER_STOP_SECS    4.0 /* SIGTERM to SIGKILL */
+#define LAUNCHER_STOP_MARGIN  5.0 /* grace period end to SIGKILL */
 #define LAUNCHER_STOP_MAX     600.0 /* bound on SMG_STOP_SECS */
 #define LAUNCHER_LOCKFILE     "smg.lock"
 
@@ -74,20 +90,28 @@ struct launcher {
 	struct child *l_children;
 	size_t l_nchildren;
 	bool l_stopping;
+	bool l_backend_stopped; /* broker and poller got SIGTERM */
+	ev_tstamp l_stop_secs; /* SIGTERM to SIGKILL */
 	ev_signal l_sigterm;
 	ev_signal l_sigint;
+	ev_signal l_sigusr1; /* passed on: one signal reopens every log */
 	ev_timer l_kill;
 };
 
 static char *launcher_bindir(void);
-static double launcher_stop_secs(void);
+static double launcher_stop_margin(void);
+static void launcher_claim_port(struct launcher *);
+static void launcher_probe_port(const char *, long);
 static int launcher_mkdirs(const char *, mode_t);
 static int launcher_spawn(struct child *);
 static void launcher_child_cb(struct ev_loop *, ev_child *, int);
 static void launcher_restart_cb(struct ev_loop *, ev_timer *, int);
 static void launcher_signal_cb(struct ev_loop *, ev_signal *, int);
 static void launcher_kill_cb(struct ev_loop *, ev_timer *, int);
+static void launcher_usr1_cb(struct ev_loop *, ev_signal *, int);
+static void launcher_signal_all(struct launcher *, int, bool);
 static size_t launcher_running(struct launcher *);
+static void launcher_stop_progress(struct launcher *);
 static void launcher_clean_run_dir(struct launcher *);
 
 int
@@ -132,6 +156,17 @@ main(int argc, char *argv[])
 	}
 	free(bindir);
 
+	if ((l.l_loop = ev_default_loop(EVFLAG_AUTO)) == NULL)
+		fatalx("%s: cannot make the event loop", __func__);
+	launcher_claim_port(&l);
+	launcher_probe_port(cf.cf_host, cf.cf_port);
+	launcher_probe_port(cf.cf_prometheus_host, cf.cf_prometheus_port);
+	if (cf.cf_health_check_port_set)
+		launcher_probe_port(cf.cf_host, cf.cf_health_check_port);
+	logsetup_apply(l.l_loop, &cf);
+	l.l_stop_secs =
+	    (double)cf.cf_shutdown_grace_period_secs + launcher_stop_margin();
+
 	if (launcher_mkdirs(cf.cf_run_dir, 0700) == -1)
 		fatal("%s: mkdir %s", __func__, cf.cf_run_dir);
 	if (launcher_mkdirs(cf.cf_state_dir, 0700) == -1)
@@ -150,15 +185,17 @@ main(int argc, char *argv[])
 		fatalx("%s: cannot create the shared segment in %s", __func__,
 		    cf.cf_run_dir);
 
-	if ((l.l_loop = ev_default_loop(EVFLAG_AUTO)) == NULL)
-		fatalx("%s: cannot make the event loop", __func__);
 	ev_signal_init(&l.l_sigterm, launcher_signal_cb, SIGTERM);
 	ev_signal_init(&l.l_sigint, launcher_signal_cb, SIGINT);
 	l.l_sigterm.data = l.l_sigint.data = &l;
 	ev_signal_start(l.l_loop, &l.l_sigterm);
 	ev_signal_start(l.l_loop, &l.l_sigint);
 	sighup_ignore(l.l_loop);
-	ev_timer_init(&l.l_kill, launcher_kill_cb, launcher_stop_secs(), 0.);
+	ev_signal_init(&l.l_sigusr1, launcher_usr1_cb, SIGUSR1);
+	l.l_sigusr1.data = &l;
+	ev_signal_start(l.l_loop, &l.l_sigusr1);
+	ev_unref(l.l_loop);
+	ev_timer_init(&l.l_kill, launcher_kill_cb, l.l_stop_secs, 0.);
 	l.l_kill.data = &l;
 
 	for (i = 0; i < l.l_nchildren; i++) {
@@ -177,6 +214,7 @@ main(int argc, char *argv[])
 	ev_run(l.l_loop, 0);
 
 	launcher_clean_run_dir(&l);
+	portlock_release(l.l_loop);
 	for (i = 0; i < l.l_nchildren; i++)
 		free(l.l_children[i].ch_path);
 	free(l.l_children);
@@ -203,25 +241,102 @@ launcher_bindir(void)
 }
 
 /*
- * SIGTERM to SIGKILL delay: SMG_STOP_SECS when it holds a number in
- * (0, LAUNCHER_STOP_MAX], else LAUNCHER_STOP_SECS.
+ * How long after the grace period stragglers are killed: SMG_STOP_SECS
+ * when it holds a number in (0, LAUNCHER_STOP_MAX], else
+ * LAUNCHER_STOP_MARGIN.
  */
 static double
-launcher_stop_secs(void)
+launcher_stop_margin(void)
 {
 	const char *s = getenv("SMG_STOP_SECS");
 	char *end;
 	double v;
 
 	if (s == NULL || *s == '\0')
-		return LAUNCHER_STOP_SECS;
+		return LAUNCHER_STOP_MARGIN;
 	errno = 0;
 	v = strtod(s, &end);
 	if (errno != 0 || *end != '\0' || !(v > 0 && v <= LAUNCHER_STOP_MAX)) {
 		log_warnx("%s: ignoring SMG_STOP_SECS=\"%s\"", __func__, s);
-		return LAUNCHER_STOP_SECS;
+		return LAUNCHER_STOP_MARGIN;
 	}
 	return v;
+}
+
+/*
+ * One gateway per host:port: a port held by another gateway (another run
+ * dir) ends the start with exit 2 and one line naming the holder. Held by
+ * this gateway's own run dir (its broker under a supervisor), the run
+ * dir's lock decides below.
+ */
+static void
+launcher_claim_port(struct launcher *l)
+{
+	const struct config *cf = l->l_cf;
+	struct portlock_owner o;
+
+	switch (portlock_take(l->l_loop, cf->cf_host, cf->cf_port,
+	    cf->cf_run_dir, &o)) {
+	case PORTLOCK_TAKEN:
+	case PORTLOCK_SAME:
+	case PORTLOCK_FREE:
+		return;
+	case PORTLOCK_OTHER:
+		log_error(
+		    "%s: %s:%ld is already served by the smg-c gateway of "
+		    "pid %ld (run dir %s); not starting",
+		    __func__, cf->cf_host, cf->cf_port, o.po_pid, o.po_run_dir);
+		exit(2);
+	case PORTLOCK_ERROR:
+		break;
+	}
+	fatal("%s: cannot claim %s:%ld", __func__, cf->cf_host, cf->cf_port);
+}
+
+/*
+ * Binds host:port the way the frontends will (SO_REUSEADDR and
+ * SO_REUSEPORT, no listen, so no connection lands here) and lets go: a
+ * port another program holds ends the start with exit 1 now, rather than
+ * frontends that fail and are restarted forever.
+ */
+static void
+launcher_probe_port(const char *host, long port)
+{
+	struct addrinfo hints, *res, *ai;
+	char portstr[16];
+	int fd, on = 1, rv, err = 0;
+
+	memset(&hints, 0, sizeof(hints));
+	hints.ai_family = AF_UNSPEC;
+	hints.ai_socktype = SOCK_STREAM;
+	hints.ai_flags = AI_PASSIVE;
+	snprintf(portstr, sizeof(portstr), "%ld", port);
+	if ((rv = getaddrinfo(host, portstr, &hints, &res)) != 0)
+		fatalx("%s: cannot listen on %s:%ld: %s", __func__, host, port,
+		    gai_strerror(rv));
+	/* Like listener_open: the first address that binds is used. */
+	for (ai = res; ai != NULL; ai = ai->ai_next) {
+		fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC,
+		    ai->ai_protocol);
+		if (fd == -1) {
+			err = errno;
+			continue;
+		}
+		if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on)) ==
+		        0 &&
+		    setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &on, sizeof(on)) ==
+		        0 &&
+		    bind(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
+			close(fd);
+			freeaddrinfo(res);
+			return;
+		}
+		err = errno;
+		close(fd);
+	}
+	freeaddrinfo(res);
+	errno = err;
+	fatal("%s: cannot listen on %s:%ld", __func__, host, port);
 }
 
 /* mkdir -p; the last component gets mode, existing ones are kept. */
@@ -280,6 +395,7 @@ launcher_spawn(struct child *ch)
 		signal(SIGPIPE, SIG_DFL);
 		/* Ignored until the child's own no-op watcher is up. */
 		signal(SIGHUP, SIG_IGN);
+		signal(SIGUSR1, SIG_IGN);
 		if (prctl(PR_SET_PDEATHSIG, SIGTERM) == -1 ||
 		    getppid() != l->l_pid)
 			_exit(1);
@@ -320,8 +436,7 @@ launcher_child_cb(struct ev_loop *loop, ev_child *w, int revents)
 	if (l->l_stopping) {
 		log_info("%s: %s pid %ld %s", __func__, ch->ch_label,
 		    (long)w->rpid, cause);
-		if (launcher_running(l) == 0)
-			ev_break(loop, EVBREAK_ALL);
+		launcher_stop_progress(l);
 		return;
 	}
 	if (ran >= LAUNCHER_HEALTHY_SECS)
@@ -369,16 +484,48 @@ launcher_running(struct launcher *l)
 	return n;
 }
 
+static size_t
+launcher_frontends_running(struct launcher *l)
+{
+	size_t i, n = 0;
+
+	for (i = 0; i < l->l_nchildren; i++)
+		if (l->l_children[i].ch_role == CHILD_FRONTEND &&
+		    l->l_children[i].ch_pid != 0)
+			n++;
+	return n;
+}
+
+/* Sends sig to the running children: frontends only, or all of them. */
 static void
-launcher_signal_all(struct launcher *l, int sig)
+launcher_signal_all(struct launcher *l, int sig, bool frontends_only)
 {
 	size_t i;
 
-	for (i = 0; i < l->l_nchildren; i++)
+	for (i = 0; i < l->l_nchildren; i++) {
+		if (frontends_only &&
+		    l->l_children[i].ch_role != CHILD_FRONTEND)
+			continue;
 		if (l->l_children[i].ch_pid != 0 &&
 		    kill(l->l_children[i].ch_pid, sig) == -1 && errno != ESRCH)
 			log_warn("%s: kill %s", __func__,
 			    l->l_children[i].ch_label);
+	}
+}
+
+/*
+ * Stopping, once no frontend runs: the broker and the poller get SIGTERM,
+ * and the loop ends when nothing runs at all.
+ */
+static void
+launcher_stop_progress(struct launcher *l)
+{
+	if (launcher_frontends_running(l) == 0 && !l->l_backend_stopped) {
+		l->l_backend_stopped = true;
+		launcher_signal_all(l, SIGTERM, false);
+	}
+	if (launcher_running(l) == 0)
+		ev_break(l->l_loop, EVBREAK_ALL);
 }
 
 static void
@@ -391,20 +538,28 @@ launcher_signal_cb(struct ev_loop *loop, ev_signal *w, int revents)
 	if (l->l_stopping) {
 		/* Asked twice: do not wait for the stragglers. */
 		log_info("%s: signal %d again, killing", __func__, w->signum);
-		launcher_signal_all(l, SIGKILL);
+		launcher_signal_all(l, SIGKILL, false);
 		return;
 	}
-	log_info("%s: signal %d, stopping %zu processes", __func__, w->signum,
-	    launcher_running(l));
+	log_info("%s: signal %d, stopping %zu processes: frontends drain for "
+	         "up to %ld s",
+	    __func__, w->signum, launcher_running(l),
+	    l->l_cf->cf_shutdown_grace_period_secs);
 	l->l_stopping = true;
 	for (i = 0; i < l->l_nchildren; i++)
 		ev_timer_stop(loop, &l->l_children[i].ch_restart);
-	if (launcher_running(l) == 0) {
-		ev_break(loop, EVBREAK_ALL);
-		return;
-	}
-	launcher_signal_all(l, SIGTERM);
+	launcher_signal_all(l, SIGTERM, true);
 	ev_timer_start(loop, &l->l_kill);
+	launcher_stop_progress(l);
+}
+
+/* SIGUSR1 (logrotate's postrotate): every child reopens its log too. */
+static void
+launcher_usr1_cb(struct ev_loop *loop, ev_signal *w, int revents)
+{
+	(void)loop;
+	(void)revents;
+	launcher_signal_all(w->data, SIGUSR1, false);
 }
 
 static void
@@ -417,10 +572,11 @@ launcher_kill_cb(struct ev_loop *loop, ev_timer *w, int revents)
 	(void)revents;
 	for (i = 0; i < l->l_nchildren; i++)
 		if (l->l_children[i].ch_pid != 0)
-			log_warnx("%s: %s pid %ld ignored SIGTERM, killing",
+			log_warnx("%s: %s pid %ld still running %.0f s after "
+			          "SIGTERM, killing",
 			    __func__, l->l_children[i].ch_label,
-			    (long)l->l_children[i].ch_pid);
-	launcher_signal_all(l, SIGKILL);
+			    (long)l->l_children[i].ch_pid, l->l_stop_secs);
+	launcher_signal_all(l, SIGKILL, false);
 }
 
 /*

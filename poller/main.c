@@ -20,6 +20,7 @@
 #include "shared/fdlimit.h"
 #include "shared/ipc.h"
 #include "shared/log.h"
+#include "shared/logsetup.h"
 #include "shared/sighup.h"
 #include "shared/tls.h"
 #include "shared/xmalloc.h"
@@ -50,6 +51,7 @@ main(int argc, char *argv[])
 
 	if ((loop = ev_default_loop(EVFLAG_AUTO)) == NULL)
 		fatalx("%s: cannot make the event loop", __func__);
+	logsetup_apply(loop, &cf);
 
 	p = xcalloc(1, sizeof(*p));
 	p->p_loop = loop;

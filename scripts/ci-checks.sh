@@ -7,7 +7,15 @@
 #   tsan    a ThreadSanitizer build (clang, build-tsan/): the frontend's
 #           unit tests and tests/system/test_datapath.py
 #   clang   a clang build of everything with -Werror (build-clang/)
-# Usage: scripts/ci-checks.sh [step...]   (all four by default)
+#   units   the systemd units as `cmake --install` ships them (Release build
+#           in build-release/, installed into a scratch root):
+#           `systemd-analyze verify` must print nothing (an unknown or
+#           misspelt directive is only a warning there) and
+#           `systemd-analyze security --offline` must rate each unit at
+#           most SMG_UNIT_EXPOSURE (tenths: default 20 = 2.0); skipped,
+#           with the reason printed, when systemd-analyze (Debian package
+#           systemd) is absent
+# Usage: scripts/ci-checks.sh [step...]   (all five by default)
 # Installs what it needs (clang, libFuzzer's runtime) with apt-get like
 # scripts/install-deps.sh. Build dirs are kept for the next run.
 set -eu
@@ -15,7 +23,7 @@ cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh clang libclang-rt-14-dev
 
 jobs=$(nproc)
-steps=${*:-format fuzz tsan clang}
+steps=${*:-format fuzz tsan clang units}
 summary=""
 
 step_format() {
@@ -64,9 +72,39 @@ step_clang() {
 	cmake --build "$d" -j "$jobs" -- --no-print-directory >/dev/null
 }
 
+step_units() {
+	if ! command -v systemd-analyze >/dev/null 2>&1; then
+		echo "units: skipped: systemd-analyze not found (Debian package systemd)"
+		return 0
+	fi
+	BUILD_TYPE=Release ./scripts/build.sh >/dev/null
+	root=$(mktemp -d)
+	# The host's own units (sysinit.target...) resolve the dependencies.
+	mkdir -p "$root/usr/lib/systemd" "$root/etc/smg"
+	cp -a /usr/lib/systemd/system "$root/usr/lib/systemd/"
+	DESTDIR=$root cmake --install build-release >/dev/null
+	cp "$root/usr/local/share/smg-c/smg.env" "$root/etc/smg/smg.env"
+	units="smg-broker.service smg-poller.service smg-frontend@0.service"
+	# shellcheck disable=SC2086
+	out=$(systemd-analyze verify --root="$root" $units smg.target 2>&1) ||
+	    { echo "$out"; rm -rf "$root"; return 1; }
+	if [ -n "$out" ]; then
+		echo "$out"
+		rm -rf "$root"
+		return 1
+	fi
+	for u in $units; do
+		out=$(systemd-analyze security --offline=yes --root="$root" \
+		    --threshold="${SMG_UNIT_EXPOSURE:-20}" "$u" 2>&1) ||
+		    { echo "$out"; rm -rf "$root"; return 1; }
+		echo "$out" | grep "Overall exposure"
+	done
+	rm -rf "$root"
+}
+
 for s in $steps; do
 	case $s in
-	format | fuzz | tsan | clang) ;;
+	format | fuzz | tsan | clang | units) ;;
 	*) echo "ci-checks: unknown step $s" >&2; exit 2 ;;
 	esac
 	echo "== $s"

@@ -9,7 +9,7 @@ libev-dev libnng-dev liblmdb-dev libhttp-parser-dev libmbedtls-dev \
 libprotobuf-c-dev protobuf-c-compiler libcmocka-dev libzmq3-dev \
 libmsgpack-dev libnghttp2-dev libcjson-dev libxxhash-dev \
 python3 python3-pytest python3-zmq python3-msgpack \
-wrk nginx-light haproxy curl openssl procps prometheus $*"
+wrk nginx-light haproxy curl openssl procps prometheus supervisor $*"
 
 missing=""
 for p in $PACKAGES; do

@@ -566,7 +566,9 @@ static const struct config_key config_keys[] = {
 	    .ck_help = "debug, info, warn, error" },
 	SWITCH("log-json", NULL, 0, cf_log_json, "log lines as JSON"),
 	STRV("log-dir", NULL, cf_log_dir, NULL, KC_NONE, "DIR",
-	    "directory of log files"),
+	    "directory of log files (<role>.log; reopened on SIGUSR1)"),
+	SWITCH("no-access-log", NULL, 0, cf_no_access_log,
+	    "no per-request access line at info level (smg-c)"),
 	SWITCH("service-discovery", NULL, 0, cf_service_discovery,
 	    "Kubernetes discovery (turns on --enable-igw)"),
 	LISTV("selector", NULL, cf_selector, NULL, KC_SELECTOR, 0, "K=V...",
@@ -2177,6 +2179,19 @@ config_load_or_exit(struct config *cf, int argc, char *argv[])
 		exit(0);
 	case CONFIG_ERROR:
 		fprintf(stderr, "%s: %s\n", prog, err);
+		exit(2);
+	}
+	/* Parsed (SMG's grammar) but not implemented here: refused, rather
+	 * than a gateway that silently discovers no worker. */
+	if (cf->cf_service_discovery || cf->cf_selector_n > 0 ||
+	    cf->cf_prefill_selector_n > 0 || cf->cf_decode_selector_n > 0 ||
+	    cf->cf_service_discovery_namespace != NULL) {
+		fprintf(stderr,
+		    "%s: --service-discovery (and --selector, "
+		    "--prefill-selector, --decode-selector, "
+		    "--service-discovery-namespace) not supported by smg-c: "
+		    "list workers with --worker-urls or POST /workers\n",
+		    prog);
 		exit(2);
 	}
 	if (cf->cf_check_config) {

@@ -232,6 +232,7 @@ struct config {
 	enum log_level cf_log_level; /* info */
 	bool cf_log_json;
 	char *cf_log_dir;
+	bool cf_no_access_log; /* smg-c: no access line per request */
 	bool cf_service_discovery;
 	char **cf_selector; /* key=value each */
 	size_t cf_selector_n;

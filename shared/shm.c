@@ -429,6 +429,19 @@ shm_row_take(struct shm *shm, int row)
 	return -1;
 }
 
+bool
+shm_row_alive(struct shm *shm, int row)
+{
+	struct shm_row *r;
+	int32_t pid;
+
+	if (row < 0 || row >= SHM_ROWS)
+		return false;
+	r = &shm->sm_seg->sh_rows[row];
+	pid = atomic_load_explicit(&r->row_pid, memory_order_acquire);
+	return pid > 0 && !shm_row_dead(r, pid, shm_now_ms());
+}
+
 int
 shm_frontend_claim(struct shm *shm, int wanted)
 {

@@ -187,6 +187,11 @@ int shm_row_claim(struct shm *shm, int row);
 void shm_heartbeat(struct shm *shm, int row);
 void shm_row_release(struct shm *shm, int row);
 /*
+ * Whether a live process holds row: a pid that exists and, for another
+ * process, a heartbeat younger than SHM_HEARTBEAT_STALE_MS. Read-only.
+ */
+bool shm_row_alive(struct shm *shm, int row);
+/*
  * Zeroes the in-flight counts and pending tokens of dead rows and frees
  * them; returns how many rows were reclaimed. Any process may call it (the
  * broker does).
