@@ -21,6 +21,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <unistd.h>
 
 #include "frontend/frontend.h"
@@ -54,6 +57,7 @@ struct conn {
 	struct http_out c_out;
 	size_t c_outoff;
 	bool c_dead; /* fd closed, freed by c_reap */
+	bool c_loopback; /* the client is on this host */
 	bool c_close_after; /* close once the output is written */
 	bool c_eof;
 	bool c_lingering; /* write side shut, discarding input until EOF */
@@ -109,6 +113,7 @@ static void conn_read(struct conn *);
 static int conn_write(struct conn *);
 static void conn_update(struct conn *);
 static void conn_arm_timer(struct conn *, double);
+static bool conn_fd_loopback(int);
 static void conn_body_watch(struct conn *);
 static bool conn_body_moving(struct conn *);
 static double conn_body_period(void);
@@ -138,6 +143,7 @@ conn_accept(int fd, enum listener_kind kind)
 	}
 	c->c_fd = fd;
 	c->c_kind = kind;
+	c->c_loopback = conn_fd_loopback(fd);
 	c->c_state = CONN_IDLE;
 	http_out_init(&c->c_out);
 	ev_io_init(&c->c_rio, conn_read_cb, fd, EV_READ);
@@ -150,6 +156,41 @@ conn_accept(int fd, enum listener_kind kind)
 	    c->c_tls != NULL ? FE_HEADER_TIMEOUT : FE_IDLE_TIMEOUT);
 	TAILQ_INSERT_TAIL(&conns, c, c_link);
 	fe->fe_nconns++;
+}
+
+/* Whether the peer of fd is a loopback address (or a Unix socket). */
+static bool
+conn_fd_loopback(int fd)
+{
+	struct sockaddr_storage ss;
+	socklen_t len = sizeof(ss);
+	const struct sockaddr_in6 *s6;
+	const uint8_t *a;
+
+	if (getpeername(fd, (struct sockaddr *)&ss, &len) == -1)
+		return false;
+	switch (ss.ss_family) {
+	case AF_UNIX:
+		return true;
+	case AF_INET:
+		return (ntohl(((const struct sockaddr_in *)&ss)
+		                  ->sin_addr.s_addr) >>
+		           24) == 127;
+	case AF_INET6:
+		s6 = (const struct sockaddr_in6 *)&ss;
+		a = s6->sin6_addr.s6_addr;
+		if (IN6_IS_ADDR_LOOPBACK(&s6->sin6_addr))
+			return true;
+		return IN6_IS_ADDR_V4MAPPED(&s6->sin6_addr) && a[12] == 127;
+	default:
+		return false;
+	}
+}
+
+bool
+conn_peer_loopback(const struct conn *c)
+{
+	return c->c_loopback;
 }
 
 void

@@ -156,6 +156,8 @@ void conn_set_close(struct conn *c);
 /* The client's HTTP minor version (chunked responses need 1). */
 unsigned conn_http_minor(const struct conn *c);
 enum listener_kind conn_kind(const struct conn *c);
+/* Whether the client connects from this host (loopback or Unix socket). */
+bool conn_peer_loopback(const struct conn *c);
 /*
  * The current response is fully appended. The response is counted
  * (smg_http_responses_total, with the status written), the request's
@@ -211,10 +213,10 @@ bool hdr_is_looped(const struct http_request *req);
 
 /*
  * The header list sent to a worker: the forwarded client headers (minus
- * x-request-id, replaced by request_id), authorization (the client's, else
- * "Bearer <worker_api_key>" when that is not empty, formatted into
- * authbuf), via (the client's Via list plus "1.1 <hdr_via_token()>", once
- * hdr_init ran), x-request-id and content-type: application/json when
+ * x-request-id, replaced by request_id), authorization ("Bearer
+ * <worker_api_key>" formatted into authbuf when that is not empty, else
+ * the client's own), via (the client's Via list plus "1.1 <hdr_via_token()>",
+ * once hdr_init ran), x-request-id and content-type: application/json when
  * json_body. Pointers borrow req, request_id and authbuf; the via value
  * lives in hdr.c until the next call, so hand the list on (upstream_request
  * copies it) before calling again. Returns the count written to out (at

@@ -221,7 +221,10 @@ hdr_upstream(const struct http_request *req, const char *request_id,
     struct upstream_header *out, size_t max)
 {
 	size_t i, n = 0, vlen;
-	bool have_auth = false;
+	/* A worker with a key of its own gets that key, never the client's
+	 * credentials (which are the gateway's to check). */
+	bool own_key = worker_api_key != NULL && worker_api_key[0] != '\0';
+	bool have_auth = own_key;
 	int w;
 
 	for (i = 0; req != NULL && i < req->hr_nheaders && n < max; i++) {
@@ -242,8 +245,7 @@ hdr_upstream(const struct http_request *req, const char *request_id,
 		out[n].uh_value_len = h->hh_value_len;
 		n++;
 	}
-	if (!have_auth && worker_api_key != NULL && worker_api_key[0] != '\0' &&
-	    n < max) {
+	if (own_key && n < max) {
 		w = snprintf(authbuf, authlen, "Bearer %s", worker_api_key);
 		if (w > 0 && (size_t)w < authlen) {
 			out[n].uh_name = "authorization";

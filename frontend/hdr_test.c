@@ -92,6 +92,10 @@ test_upstream_client_auth(void **state)
 	    &req);
 	n = hdr_upstream(req, "gnt-123", "workerkey", true, auth, sizeof(auth),
 	    h, HDR_UPSTREAM_MAX);
+	/* The worker's own key wins; the client's is not passed on. */
+	assert_true(value_is(find(h, n, "authorization"), "Bearer workerkey"));
+	n = hdr_upstream(req, "gnt-123", "", true, auth, sizeof(auth), h,
+	    HDR_UPSTREAM_MAX);
 	assert_true(value_is(find(h, n, "authorization"), "Bearer client"));
 	assert_true(value_is(find(h, n, "x-request-id"), "gnt-123"));
 	assert_true(value_is(find(h, n, "traceparent"), "00-aa-bb-01"));

@@ -205,6 +205,11 @@ main(int argc, char *argv[])
 	         "broker %s",
 	    fe->fe_tls != NULL ? "https" : "http", cf.cf_host, cf.cf_port,
 	    fe->fe_row, cf.cf_prometheus_port, fe->fe_broker_url);
+	if (fe->fe_row == 0 &&
+	    (cf.cf_api_key == NULL || cf.cf_api_key[0] == '\0'))
+		log_warnx(
+		    "smg-frontend: no --api-key: the worker API, "
+		    "/flush_cache and /get_loads answer only on loopback");
 	ev_run(loop, 0);
 
 	ev_timer_stop(loop, &heartbeat_timer);

@@ -143,6 +143,19 @@ router_serve(struct conn *c, const struct http_request *hr,
 		proxy_start(c, hr, ep, id);
 }
 
+/*
+ * The control plane (worker API, /flush_cache, /get_loads) changes what
+ * the gateway routes to: with no key to check it is open only to
+ * clients on this host.
+ */
+static bool
+router_admin_allowed(const struct conn *c)
+{
+	const char *key = fe->fe_cf->cf_api_key;
+
+	return (key != NULL && key[0] != '\0') || conn_peer_loopback(c);
+}
+
 static bool
 router_authorized(const struct http_request *hr)
 {
@@ -265,6 +278,13 @@ router_dispatch(struct conn *c, const struct http_request *hr,
 		if (!router_authorized(hr)) {
 			conn_error(c, 401, "unauthorized",
 			    "Invalid or missing API key", id, 0);
+			return;
+		}
+		if (!router_admin_allowed(c)) {
+			conn_error(c, 403, "admin_loopback_only",
+			    "Without --api-key the control plane answers only "
+			    "on loopback",
+			    id, 0);
 			return;
 		}
 		if (path[1] == 'f')

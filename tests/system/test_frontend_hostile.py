@@ -310,3 +310,46 @@ def test_resend_at_most_once(tmp_path):
             g.stop()
     finally:
         w.stop()
+
+
+def test_control_plane_loopback_only_without_key(tmp_path):
+    """No --api-key: the worker API answers loopback clients only (403 to
+    others, one startup warning); with a key it answers anyone who has it."""
+    import os
+    addrs = [a for a in os.popen("hostname -I").read().split()
+             if ":" not in a and not a.startswith("127.")]
+    if not addrs:
+        import pytest
+        pytest.skip("no non-loopback IPv4 address on this host")
+    w = sim.start_simworker(tmp_path, "--time-scale", "0")
+    try:
+        with gw.start_gateway(tmp_path, "--host", "0.0.0.0",
+                              "--policy", "round_robin",
+                              "--worker-urls", w.url) as g:
+            g.wait_ready(1)
+            assert g.get("/workers").status == 200
+            c = socket.create_connection((addrs[0], g.port), timeout=5)
+            c.sendall(b"GET /workers HTTP/1.1\r\nHost: a\r\n"
+                      b"Connection: close\r\n\r\n")
+            out = b""
+            while True:
+                d = c.recv(65536)
+                if not d:
+                    break
+                out += d
+            c.close()
+            assert out.startswith(b"HTTP/1.1 403"), out
+            assert b"admin_loopback_only" in out
+            # Inference is not the control plane: served from anywhere.
+            c = socket.create_connection((addrs[0], g.port), timeout=5)
+            body = b'{"text":"x"}'
+            c.sendall(b"POST /generate HTTP/1.1\r\nHost: a\r\n"
+                      b"Content-Length: " + str(len(body)).encode() +
+                      b"\r\nConnection: close\r\n\r\n" + body)
+            out = c.recv(65536)
+            c.close()
+            assert out.startswith(b"HTTP/1.1 200"), out
+            assert g.log().count("answer only on loopback") == 1
+            g.stop()
+    finally:
+        w.stop()
