@@ -228,6 +228,16 @@ admin_parse_spec(const char *json, cJSON **root, struct worker_spec *ws,
 			       "endpoint such as tcp://host:5557";
 			return -1;
 		}
+		/* The poller's gRPC side channel (workers.md §4). */
+		sub = cJSON_GetObjectItemCaseSensitive(it, "grpc_endpoint");
+		if (sub != NULL &&
+		    ((strncmp(sub->valuestring, "grpc://", 7) != 0 &&
+		         strncmp(sub->valuestring, "grpcs://", 8) != 0) ||
+		        strlen(sub->valuestring) >= SHM_URL_MAX)) {
+			*err = "labels.grpc_endpoint must be a gRPC URL such "
+			       "as grpc://host:50051";
+			return -1;
+		}
 		ws->ws_labels = it;
 	}
 	if ((it = cJSON_GetObjectItemCaseSensitive(o, "priority")) != NULL &&

@@ -638,6 +638,12 @@ registry_publish(struct broker *br, struct worker *w)
 	    strlen(kv->valuestring) < sizeof(sw.sw_kv_endpoint))
 		memcpy(sw.sw_kv_endpoint, kv->valuestring,
 		    strlen(kv->valuestring) + 1);
+	/* Loads and KV events over gRPC for an HTTP worker (workers.md §4). */
+	kv = cJSON_GetObjectItemCaseSensitive(w->wk_labels, "grpc_endpoint");
+	if (cJSON_IsString(kv) &&
+	    strlen(kv->valuestring) < sizeof(sw.sw_grpc_endpoint))
+		memcpy(sw.sw_grpc_endpoint, kv->valuestring,
+		    strlen(kv->valuestring) + 1);
 	shm_worker_write(br->br_shm, w->wk_slot, &sw);
 }
 
