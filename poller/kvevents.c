@@ -50,6 +50,7 @@ static bool kv_grpc_wanted(const struct config *);
 static void kv_grpc_tick(struct pworker *, uint64_t);
 static void kv_grpc_msg_cb(void *, const uint8_t *, size_t);
 static void kv_grpc_close_cb(void *, const struct grpc_status *);
+static void kv_grpc_open_cb(void *);
 
 /* ------------------------------------------------------------ decoding */
 
@@ -827,8 +828,22 @@ kv_grpc_tick(struct pworker *pw, uint64_t now)
 		ks->ks_stream_next_ms = now + KV_PROBE_RETRY_MS;
 		return;
 	}
+	grpc_call_on_open(ks->ks_stream, kv_grpc_open_cb);
 	log_debug("%s: %s: SubscribeKvEvents from %llu", __func__, pw->pw_url,
 	    (unsigned long long)req.start_sequence_number);
+}
+
+/* The server took the subscription: the stream is up. */
+static void
+kv_grpc_open_cb(void *arg)
+{
+	struct pworker *pw = arg;
+	struct kvevents_state *ks = &pw->pw_kv;
+
+	ks->ks_stream_up = true;
+	ks->ks_stream_backoff_ms = 0;
+	log_info("%s: %s: subscribed to KV events on %s", __func__, pw->pw_url,
+	    pw->pw_rpc.rs_target);
 }
 
 static void
@@ -849,13 +864,6 @@ kv_grpc_msg_cb(void *arg, const uint8_t *msg, size_t len)
 		return;
 	}
 	seq = gb->sequence_number;
-	if (!ks->ks_stream_up) {
-		ks->ks_stream_up = true;
-		ks->ks_stream_backoff_ms = 0;
-		log_info("%s: %s: subscribed to KV events on %s (batch %llu)",
-		    __func__, pw->pw_url, pw->pw_rpc.rs_target,
-		    (unsigned long long)seq);
-	}
 	if ((v = kvevents_sequence(&ks->ks_seq, seq)) == KVEVENTS_SKIP) {
 		log_debug("%s: %s: batch %llu skipped (last %llu)", __func__,
 		    pw->pw_url, (unsigned long long)seq,

@@ -331,7 +331,7 @@ struct kvevents_state {
 	/* gRPC SubscribeKvEvents (workers.md §5.1) */
 	struct grpc_call *ks_stream;
 	bool ks_stream_off; /* UNIMPLEMENTED: tree mode, not asked again */
-	bool ks_stream_up; /* a batch arrived on this stream */
+	bool ks_stream_up; /* the server accepted this stream */
 	uint64_t ks_stream_next_ms; /* next subscribe */
 	uint64_t ks_stream_backoff_ms;
 };

@@ -14,8 +14,6 @@
 #include "shared/config.h"
 #include "shared/log.h"
 
-#define RPC_DETECT_TIMEOUT_SECS 5.0
-
 /* The services of §4 and what each serves (SMG's clients). */
 static const struct rpc_engine {
 	const char *re_runtime;
@@ -202,8 +200,8 @@ rpc_detect_next(struct pworker *pw)
 	rs->rs_detect_healthy = false;
 	rs->rs_detect_text[0] = '\0';
 	rs->rs_detect = rpc_start(pw, e, RPC_HEALTH_CHECK, &req.base,
-	    RPC_DETECT_TIMEOUT_SECS, rpc_detect_msg_cb, rpc_detect_close_cb,
-	    pw);
+	    (double)pw->pw_poller->p_cf->cf_health_check_timeout_secs,
+	    rpc_detect_msg_cb, rpc_detect_close_cb, pw);
 }
 
 static void

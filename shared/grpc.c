@@ -63,6 +63,7 @@ struct grpc_call {
 	struct grpc_reader gc_reader;
 	grpc_message_cb gc_on_message;
 	grpc_close_cb gc_on_close;
+	void (*gc_on_open)(void *);
 	void *gc_arg;
 };
 
@@ -479,6 +480,25 @@ h2_close_cb(nghttp2_session *s, int32_t stream, uint32_t error, void *user)
 	return 0;
 }
 
+static int
+h2_frame_cb(nghttp2_session *s, const nghttp2_frame *f, void *user)
+{
+	struct grpc_call *c;
+	void (*cb)(void *);
+
+	(void)user;
+	if (f->hd.type != NGHTTP2_HEADERS ||
+	    f->headers.cat != NGHTTP2_HCAT_RESPONSE ||
+	    (f->hd.flags & NGHTTP2_FLAG_END_STREAM) ||
+	    (c = nghttp2_session_get_stream_user_data(s, f->hd.stream_id)) ==
+	        NULL ||
+	    c->gc_http_status != 200 || (cb = c->gc_on_open) == NULL)
+		return 0;
+	c->gc_on_open = NULL;
+	cb(c->gc_arg);
+	return 0;
+}
+
 static nghttp2_session_callbacks *
 h2_callbacks(void)
 {
@@ -493,6 +513,8 @@ h2_callbacks(void)
 		    h2_data_cb);
 		nghttp2_session_callbacks_set_on_stream_close_callback(cbs,
 		    h2_close_cb);
+		nghttp2_session_callbacks_set_on_frame_recv_callback(cbs,
+		    h2_frame_cb);
 	}
 	return cbs;
 }
@@ -1145,6 +1167,12 @@ grpc_call_start(struct grpc_channel *ch, const char *path, const char *api_key,
 	if (ch->ch_state == CH_READY && call_submit(c) == 0)
 		ch_want(ch, EV_READ | EV_WRITE);
 	return c;
+}
+
+void
+grpc_call_on_open(struct grpc_call *c, void (*cb)(void *arg))
+{
+	c->gc_on_open = cb;
 }
 
 void

@@ -157,6 +157,12 @@ const char *grpc_channel_url(const struct grpc_channel *ch);
 struct grpc_call *grpc_call_start(struct grpc_channel *ch, const char *path,
     const char *api_key, const void *req, size_t len, double timeout_secs,
     grpc_message_cb on_message, grpc_close_cb on_close, void *arg);
+/*
+ * cb(arg) runs once when the server accepts the call (response headers
+ * with status 200 that do not end it): for a server stream, the moment it
+ * is established. Set right after grpc_call_start.
+ */
+void grpc_call_on_open(struct grpc_call *c, void (*cb)(void *arg));
 /* Ends a call without its callbacks (RST_STREAM CANCEL). NULL: no-op. */
 void grpc_call_cancel(struct grpc_call *c);
 

@@ -176,14 +176,34 @@ rpcsrv_queue(struct rpcsrv_stream *st, const ProtobufCMessage *m)
 	st->st_out_len += GRPC_PREFIX_LEN + len;
 }
 
-/* Ends the call with status after what is queued. */
+/* Ends the call with status after what is queued; an error before any
+ * message is a trailers-only response, as gRPC servers send. */
 static void
 rpcsrv_finish(struct rpcsrv_stream *st, int status, const char *msg)
 {
+	char code[16], enc[GRPC_MESSAGE_MAX * 3];
+	nghttp2_nv nv[4];
+
 	st->st_finishing = true;
 	st->st_status = status;
 	snprintf(st->st_message, sizeof(st->st_message), "%s", msg);
-	rpcsrv_respond(st);
+	if (st->st_responding || st->st_out_len > 0) {
+		rpcsrv_respond(st);
+		return;
+	}
+	st->st_responding = true;
+	snprintf(code, sizeof(code), "%d", status);
+	grpc_message_encode(msg, enc, sizeof(enc));
+	nv[0] = (nghttp2_nv) { (uint8_t *)":status", (uint8_t *)"200", 7, 3,
+		NGHTTP2_NV_FLAG_NONE };
+	nv[1] = (nghttp2_nv) { (uint8_t *)"content-type",
+		(uint8_t *)"application/grpc", 12, 16, NGHTTP2_NV_FLAG_NONE };
+	nv[2] = (nghttp2_nv) { (uint8_t *)"grpc-status", (uint8_t *)code, 11,
+		strlen(code), NGHTTP2_NV_FLAG_NONE };
+	nv[3] = (nghttp2_nv) { (uint8_t *)"grpc-message", (uint8_t *)enc, 12,
+		strlen(enc), NGHTTP2_NV_FLAG_NONE };
+	(void)nghttp2_submit_response(st->st_conn->c_sess, st->st_id, nv,
+	    enc[0] ? 4 : 3, NULL);
 }
 
 /* ------------------------------------------------------------ methods */
