@@ -347,6 +347,8 @@ kv_grpc_stored(Smg__KvEventBatch *out, Smg__KvEvent **events,
 		return -1;
 	for (i = from; i < to; i++) {
 		st->block_hashes[i - from] = blocks[i]->block_hash;
+		if (per == 0)
+			continue;
 		memcpy(st->token_ids + k, blocks[i]->token_ids,
 		    per * sizeof(uint32_t));
 		k += per;
