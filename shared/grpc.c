@@ -90,6 +90,8 @@ struct grpc_channel {
 	size_t ch_wlen;
 	size_t ch_woff;
 	struct grpc_call *ch_calls;
+	unsigned ch_depth; /* inside code that runs the calls' callbacks */
+	bool ch_freeing; /* freed from a callback: the rest waits */
 };
 
 static void ch_io_cb(struct ev_loop *, ev_io *, int);
@@ -104,6 +106,8 @@ static void ch_pump(struct grpc_channel *);
 static int ch_read(struct grpc_channel *);
 static int ch_write(struct grpc_channel *);
 static void ch_want(struct grpc_channel *, int);
+static void ch_step(struct grpc_channel *);
+static bool ch_leave(struct grpc_channel *);
 static int call_submit(struct grpc_call *);
 static void call_unlink(struct grpc_call *);
 static void call_free(struct grpc_call *);
@@ -644,9 +648,27 @@ grpc_channel_free(struct grpc_channel *ch)
 		call_unlink(c);
 		call_free(c);
 	}
+	if (ch->ch_depth > 0) {
+		/* From a callback: nghttp2 is still on the stack. */
+		ch->ch_freeing = true;
+		ev_io_stop(ch->ch_loop, &ch->ch_io);
+		ev_timer_stop(ch->ch_loop, &ch->ch_timer);
+		return;
+	}
 	ch_close(ch);
 	free(ch->ch_url);
 	free(ch);
+}
+
+/* Leaves callback-running code; true when the channel is gone. */
+static bool
+ch_leave(struct grpc_channel *ch)
+{
+	if (--ch->ch_depth > 0 || !ch->ch_freeing)
+		return false;
+	ch->ch_freeing = false;
+	grpc_channel_free(ch);
+	return true;
 }
 
 /*
@@ -844,6 +866,8 @@ ch_read(struct grpc_channel *ch)
 			}
 		}
 		rv = nghttp2_session_mem_recv(ch->ch_sess, buf, (size_t)n);
+		if (ch->ch_freeing)
+			return -1;
 		if (rv < 0) {
 			ch_fail(ch, "HTTP/2 error: %s",
 			    nghttp2_strerror((int)rv));
@@ -927,12 +951,22 @@ static void
 ch_io_cb(struct ev_loop *loop, ev_io *w, int revents)
 {
 	struct grpc_channel *ch = w->data;
+
+	(void)loop;
+	(void)revents;
+	ch->ch_depth++;
+	ch_step(ch);
+	(void)ch_leave(ch);
+}
+
+/* One wake-up of the fd, whatever the connection's stage. */
+static void
+ch_step(struct grpc_channel *ch)
+{
 	socklen_t len;
 	const char *alpn;
 	int err, rv;
 
-	(void)loop;
-	(void)revents;
 	switch (ch->ch_state) {
 	case CH_CONNECTING:
 		err = 0;
@@ -1057,15 +1091,17 @@ call_timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
 
 	(void)loop;
 	(void)revents;
-	if (c->gc_failed_early) {
+	ch->ch_depth++;
+	if (c->gc_failed_early)
 		call_close(c, c->gc_early_code, c->gc_early_msg);
-		return;
+	else {
+		snprintf(msg, sizeof(msg), "deadline of %.1f s exceeded",
+		    c->gc_timeout);
+		call_close(c, GRPC_DEADLINE_EXCEEDED, msg);
+		if (ch->ch_state == CH_READY && !ch->ch_freeing)
+			ch_pump(ch); /* send the RST_STREAM */
 	}
-	snprintf(msg, sizeof(msg), "deadline of %.1f s exceeded",
-	    c->gc_timeout);
-	call_close(c, GRPC_DEADLINE_EXCEEDED, msg);
-	if (ch->ch_state == CH_READY)
-		ch_pump(ch); /* send the RST_STREAM */
+	(void)ch_leave(ch);
 }
 
 static int

@@ -125,8 +125,8 @@ struct grpc_status {
 };
 
 /* Called once when the call ends, whatever the reason; the call is gone
- * when it returns (do not cancel it). It may start and cancel other calls,
- * but not free the channel. */
+ * when it returns (do not cancel it). It may start and cancel other calls
+ * and free the channel. */
 typedef void (*grpc_close_cb)(void *arg, const struct grpc_status *st);
 
 /*
@@ -140,7 +140,8 @@ typedef void (*grpc_close_cb)(void *arg, const struct grpc_status *st);
 struct grpc_channel *grpc_channel_new(struct ev_loop *loop, const char *url,
     struct tls_ctx *tls, size_t max_message);
 /* Ends every call without its callbacks and closes the connection. NULL
- * is a no-op. Not from inside a callback of the channel's calls. */
+ * is a no-op. From inside a callback of one of its calls, the memory goes
+ * once that callback's caller is done with it. */
 void grpc_channel_free(struct grpc_channel *ch);
 const char *grpc_channel_url(const struct grpc_channel *ch);
 

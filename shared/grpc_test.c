@@ -219,6 +219,16 @@ on_close(void *arg, const struct grpc_status *st)
 	snprintf(o->msg, sizeof(o->msg), "%s", st->gs_message);
 }
 
+static struct grpc_channel *free_from_cb;
+
+static void
+on_close_free(void *arg, const struct grpc_status *st)
+{
+	on_close(arg, st);
+	grpc_channel_free(free_from_cb);
+	free_from_cb = NULL;
+}
+
 /* A port with nobody listening: bind, read the port, close. */
 static int
 dead_port(void)
@@ -279,6 +289,18 @@ test_channel_dead_server(void **state)
 	grpc_channel_free(ch);
 	ev_run(loop, 0);
 	assert_int_equal(d.calls, 0);
+
+	/* The channel may be freed from a call's own callback. */
+	ch = grpc_channel_new(loop, url, NULL, 0);
+	free_from_cb = ch;
+	c = grpc_call_start(ch, "/p.S/M", "", NULL, 0, 2.0, NULL, on_close_free,
+	    &d);
+	d.started = true;
+	assert_non_null(grpc_call_start(ch, "/p.S/M", "", NULL, 0, 2.0, NULL,
+	    on_close, &a));
+	ev_run(loop, 0);
+	assert_int_equal(d.calls, 1);
+	assert_null(free_from_cb);
 	ev_loop_destroy(loop);
 }
 

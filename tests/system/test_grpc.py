@@ -74,6 +74,15 @@ def test_grpc_workers_register_report_and_refuse_inference(tmp_path):
             assert r.status == 501, r
             assert b"grpc_inference_not_implemented" in r.body, r
             assert b"tokenize" in r.body, r
+            # /flush_cache reaches them as FlushCache: SGLang serves it,
+            # vLLM's service has none.
+            r = g.post("/flush_cache", {})
+            assert r.status == 206, r
+            j = r.json()
+            assert j["workers_flushed"] == 1, j
+            assert j["total_grpc_workers"] == 2, j
+            assert j["failed"][0]["worker"] == b.grpc_url, j
+            assert "UNIMPLEMENTED" in j["failed"][0]["error"], j
             g.stop()
     finally:
         a.stop()
