@@ -318,6 +318,18 @@ admin_parse_spec(const char *json, cJSON **root, struct worker_spec *ws,
 			ws->ws_ov_token_usage = sub->valuedouble;
 		}
 	}
+	if ((it = cJSON_GetObjectItemCaseSensitive(o,
+	         "load_monitor_interval_secs")) != NULL &&
+	    !cJSON_IsNull(it)) {
+		if (!cJSON_IsNumber(it) || it->valuedouble < 1 ||
+		    it->valuedouble > 86400 ||
+		    it->valuedouble != floor(it->valuedouble)) {
+			*err = "load_monitor_interval_secs must be an integer "
+			       "in [1, 86400]";
+			return -1;
+		}
+		ws->ws_load_interval_secs = (uint32_t)it->valuedouble;
+	}
 	/* Kept for GET /workers; registry_add drops the key from its copy. */
 	ws->ws_spec = o;
 	return 0;

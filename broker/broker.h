@@ -214,6 +214,7 @@ struct worker {
 	bool wk_overloaded;
 	int64_t wk_ov_waiting; /* effective thresholds, 0 unset */
 	double wk_ov_token_usage;
+	uint32_t wk_load_interval_secs; /* spec's load poll period, 0 unset */
 	struct worker_load wk_load;
 	unsigned wk_slot;
 	uint32_t wk_generation;
@@ -300,6 +301,7 @@ struct worker_spec {
 	bool ws_health_disabled; /* spec health.disable_health_check */
 	int64_t ws_ov_waiting; /* per-worker overload overrides, 0 unset */
 	double ws_ov_token_usage;
+	uint32_t ws_load_interval_secs; /* spec load_monitor_interval_secs */
 };
 
 /*

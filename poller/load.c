@@ -172,18 +172,25 @@ load_tick(struct pworker *pw, uint64_t now)
 {
 	struct poller *p = pw->pw_poller;
 	struct load_state *ls = &pw->pw_load;
+	uint64_t iv;
 
-	if (!p->p_load_on)
+	/* A worker whose spec sets an overload veto is polled regardless. */
+	if (!p->p_load_on && !pw->pw_overload_on)
 		return;
 	if (pw->pw_status != SHM_WORKER_READY) {
 		if (ls->ls_req != NULL || ls->ls_next_ms != 0)
 			load_stop(pw);
 		return;
 	}
+	iv = pw->pw_load_interval_ms ? pw->pw_load_interval_ms
+	                             : p->p_load_interval_ms;
+	/* A period lowered meanwhile takes effect now, not after the old. */
+	if (ls->ls_next_ms > now + iv)
+		ls->ls_next_ms = now + iv;
 	if (ls->ls_req != NULL || ls->ls_call != NULL || now < ls->ls_next_ms)
 		return;
 	/* First poll as soon as the worker is Ready, then every interval. */
-	ls->ls_next_ms = now + p->p_load_interval_ms;
+	ls->ls_next_ms = now + iv;
 	if (rpc_target(pw) != NULL && !ls->ls_grpc_absent) {
 		if (load_grpc_fetch(pw))
 			return;

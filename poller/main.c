@@ -29,6 +29,7 @@ static void poller_signal_cb(struct ev_loop *, ev_signal *, int);
 static void poller_scan_slot(struct poller *, unsigned, uint64_t);
 static struct tls_ctx *poller_tls_new(const struct config *, bool);
 static void poller_stop_slot(struct pworker *);
+static void poller_group_intervals(struct poller *);
 
 int
 main(int argc, char *argv[])
@@ -174,8 +175,45 @@ poller_scan_cb(struct ev_loop *loop, ev_timer *w, int revents)
 	(void)revents;
 	shm_heartbeat(p->p_shm, SHM_ROW_POLLER);
 	now = shm_now_ms();
+	poller_group_intervals(p);
 	for (i = 0; i < SHM_MAX_WORKERS; i++)
 		poller_scan_slot(p, i, now);
+}
+
+/*
+ * gateway.md §9.1: a worker spec's load_monitor_interval_secs lowers the
+ * period of its group (model, worker type, connection mode): the group
+ * polls at the minimum of the global interval and its members' own.
+ * Uses the previous scan's view of the slots, a tick late at worst.
+ */
+static void
+poller_group_intervals(struct poller *p)
+{
+	static unsigned own[SHM_MAX_WORKERS];
+	unsigned i, j, n = 0;
+	uint64_t ms;
+
+	for (i = 0; i < SHM_MAX_WORKERS; i++) {
+		struct pworker *pw = &p->p_workers[i];
+
+		pw->pw_load_interval_ms = p->p_load_interval_ms;
+		if (pw->pw_in_use && pw->pw_own_interval_secs > 0)
+			own[n++] = i;
+	}
+	for (j = 0; j < n; j++) {
+		const struct pworker *o = &p->p_workers[own[j]];
+
+		ms = (uint64_t)o->pw_own_interval_secs * 1000;
+		for (i = 0; i < SHM_MAX_WORKERS; i++) {
+			struct pworker *pw = &p->p_workers[i];
+
+			if (pw->pw_in_use && pw->pw_type == o->pw_type &&
+			    pw->pw_mode == o->pw_mode &&
+			    ms < pw->pw_load_interval_ms &&
+			    strcmp(pw->pw_model, o->pw_model) == 0)
+				pw->pw_load_interval_ms = ms;
+		}
+	}
 }
 
 /* Syncs the poller's view of one slot, then runs its schedules. */
@@ -212,6 +250,10 @@ poller_scan_slot(struct poller *p, unsigned slot, uint64_t now)
 	memcpy(pw->pw_api_key, w.sw_api_key, sizeof(pw->pw_api_key));
 	memcpy(pw->pw_model, w.sw_model, sizeof(pw->pw_model));
 	memcpy(pw->pw_kv_label, w.sw_kv_endpoint, sizeof(pw->pw_kv_label));
+	pw->pw_type = w.sw_type;
+	pw->pw_mode = w.sw_mode;
+	pw->pw_own_interval_secs = w.sw_load_interval_secs;
+	pw->pw_overload_on = w.sw_overload_on != 0;
 	if (strcmp(pw->pw_grpc_label, w.sw_grpc_endpoint) != 0) {
 		/* A new side channel: its calls and engine start over. */
 		load_stop(pw);

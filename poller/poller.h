@@ -280,8 +280,11 @@ int load_parse_prom(const char *body, size_t len, const char *runtime,
 bool load_wanted(const struct config *cf);
 /*
  * Per-slot hooks of the scan, like health's: every --load-monitor-interval
- * a Ready worker's /v1/loads (or /metrics fallback) is fetched and the
- * LoadReport sent to the broker; at most one fetch per worker in flight.
+ * (lowered for a group by a member's spec load_monitor_interval_secs) a
+ * Ready worker's loads are fetched (gRPC GetLoads on its gRPC target, else
+ * /v1/loads or the /metrics fallback) and the LoadReport sent to the
+ * broker; at most one fetch per worker in flight. Workers are polled when
+ * load_wanted() or their spec sets an overload veto.
  */
 void load_tick(struct pworker *pw, uint64_t now_ms);
 void load_stop(struct pworker *pw);
@@ -397,6 +400,11 @@ struct pworker {
 	struct load_state pw_load;
 	char pw_kv_label[SHM_URL_MAX]; /* label kv_events_endpoint, "" none */
 	char pw_grpc_label[SHM_URL_MAX]; /* label grpc_endpoint, "" none */
+	uint32_t pw_type; /* enum WorkerType */
+	uint32_t pw_mode; /* enum ConnectionMode */
+	uint32_t pw_own_interval_secs; /* spec load_monitor_interval_secs */
+	bool pw_overload_on; /* the spec's overload veto applies */
+	uint64_t pw_load_interval_ms; /* its group's period (gateway.md §9.1) */
 	struct rpc_state pw_rpc;
 	struct kvevents_state pw_kv;
 };

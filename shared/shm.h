@@ -87,6 +87,8 @@ struct shm_worker {
 	char sw_kv_endpoint[SHM_URL_MAX];
 	/* label grpc_endpoint (gRPC side channel of an HTTP worker), "" none */
 	char sw_grpc_endpoint[SHM_URL_MAX];
+	uint32_t sw_load_interval_secs; /* spec load_monitor_interval_secs */
+	uint32_t sw_overload_on; /* overload veto thresholds apply */
 };
 
 struct shm_worker_slot {
