@@ -128,26 +128,29 @@ def test_pd_metadata_routes(tmp_path):
 
 def test_pd_dp_rank_fields(tmp_path):
     p, d = _pd(tmp_path)
-    with gw.start_gateway(tmp_path, "--pd-disaggregation", "--prefill",
-                          p.url, 9100, "--policy", "round_robin") as g:
-        g.wait_ready(1)
-        r = g.post("/workers", {"url": d.url + "@1",
-                                "worker_type": "decode"})
-        if r.status != 202:
-            # Registration validates worker URLs and refuses "@" in the
-            # authority (user information); DP-aware expansion into
-            # "<url>@<rank>" workers does not exist yet, so no worker can
-            # carry a rank. The injection itself is unit-tested (pd_test).
-            assert r.status == 400, r
-            pytest.skip("worker URLs with an @<rank> suffix are refused: "
-                        f"{r.json()}")
-        g.wait_ready(2)
-        r = g.post("/generate", {"text": TEXT})
-        assert r.status == 200, r
-        assert r.headers["x-smg-routed-worker-id"] == d.url + "@1"
-        ds = d.stats()["bootstrap"]
-        assert ds["last_dp_rank"] == 1
-        assert ds["last_prefill_dp_rank"] is None
-        assert p.stats()["bootstrap"]["last_dp_rank"] is None
-    p.stop()
-    d.stop()
+    try:
+        with gw.start_gateway(tmp_path, "--pd-disaggregation", "--prefill",
+                              p.url, 9100, "--policy", "round_robin") as g:
+            g.wait_ready(1)
+            r = g.post("/workers", {"url": d.url + "@1",
+                                    "worker_type": "decode"})
+            if r.status != 202:
+                # Registration validates worker URLs and refuses "@" in the
+                # authority (user information); DP-aware expansion into
+                # "<url>@<rank>" workers does not exist yet, so no worker can
+                # carry a rank. The injection itself is unit-tested (pd_test).
+                assert r.status == 400, r
+                pytest.skip("worker URLs with an @<rank> suffix are refused: "
+                            f"{r.json()}")
+            g.wait_ready(2)
+            r = g.post("/generate", {"text": TEXT})
+            assert r.status == 200, r
+            assert r.headers["x-smg-routed-worker-id"] == d.url + "@1"
+            ds = d.stats()["bootstrap"]
+            assert ds["last_dp_rank"] == 1
+            assert ds["last_prefill_dp_rank"] is None
+            assert p.stats()["bootstrap"]["last_dp_rank"] is None
+    finally:
+        # Also when it skips: no worker is left behind.
+        p.stop()
+        d.stop()
