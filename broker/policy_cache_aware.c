@@ -136,8 +136,8 @@ static bool ca_gated(const struct cache_aware *ca, uint32_t load, double avg);
 static bool ca_kv_pressure(const struct cache_aware *ca,
     struct worker *const *c, unsigned n, uint64_t now_ms);
 static int ca_pick_holder(struct cache_aware *ca, struct worker *const *c,
-    const int *hp, unsigned nh, double matched, size_t input, double avg,
-    uint64_t now_ms);
+    const int *hp, unsigned nh, const double *matched, double blocks,
+    uint32_t bs, double avg, uint64_t now_ms);
 static uint64_t ca_tokens(const struct cache_aware *ca, size_t units,
     size_t input);
 static void ca_insert(struct cache_aware *ca, struct ca_model *cm,
@@ -145,6 +145,9 @@ static void ca_insert(struct cache_aware *ca, struct ca_model *cm,
 static int ca_tree_select(struct cache_aware *ca, struct ca_model *cm,
     struct worker *const *c, unsigned n, const Smg__RouteRequest *req,
     double avg, uint64_t now_ms, enum ca_branch *b, double *rate);
+static int ca_event_knobs(struct cache_aware *ca, struct ca_model *cm,
+    struct worker *const *c, unsigned n, const Smg__RouteRequest *req,
+    double avg, uint64_t now_ms, uint32_t *score);
 static int ca_event_select(struct cache_aware *ca, struct ca_model *cm,
     struct worker *const *c, unsigned n, const Smg__RouteRequest *req,
     double avg, uint64_t now_ms, enum ca_branch *b, double *rate);
@@ -621,17 +624,20 @@ ca_kv_pressure(const struct cache_aware *ca, struct worker *const *c,
  * Among the holder candidates hp[0..nh): lowest expected wait (ca_score)
  * among those under the in-flight gate, or among all when every one is
  * over it (§11.3: then the spill gate fires), ties random; with decay or
- * temperature (§11.6) the decayed match score decides.
+ * temperature (§11.6) the decayed match score decides: matched[i] is
+ * holder i's match (tree: equal; event mode: its block overlap), blocks
+ * the request's blocks of bs tokens.
  */
 static int
 ca_pick_holder(struct cache_aware *ca, struct worker *const *c, const int *hp,
-    unsigned nh, double matched, size_t input, double avg, uint64_t now_ms)
+    unsigned nh, const double *matched, double blocks, uint32_t bs, double avg,
+    uint64_t now_ms)
 {
+	static double score[SHM_MAX_WORKERS];
 	const struct worker_load *l;
-	double score[TREE_MAX_HOLDERS], best, lo, hi, w, total, r;
+	double best, lo, hi, w, total, r;
 	int64_t minb = INT64_MAX, backlog;
 	uint32_t bl = UINT32_MAX, ties = 0;
-	double blocks;
 	unsigned i;
 	int pick = -1;
 	bool pick_gated = false;
@@ -653,7 +659,6 @@ ca_pick_holder(struct cache_aware *ca, struct worker *const *c, const int *hp,
 		}
 		return pick;
 	}
-	blocks = (double)input / ca->ca_bs;
 	if (blocks < 1)
 		blocks = 1;
 	for (i = 0; i < nh; i++) {
@@ -666,7 +671,7 @@ ca_pick_holder(struct cache_aware *ca, struct worker *const *c, const int *hp,
 		}
 	}
 	for (i = 0; i < nh; i++) {
-		score[i] = matched;
+		score[i] = matched[i];
 		l = ca_report(ca, c[hp[i]], now_ms);
 		if (ca->ca_decay > 0 && l != NULL) {
 			backlog = l->wl_waiting_uncached_tokens > 0
@@ -674,8 +679,7 @@ ca_pick_holder(struct cache_aware *ca, struct worker *const *c, const int *hp,
 			    : 0;
 			score[i] /= 1.0 +
 			    ca->ca_decay *
-			        (((double)(backlog - minb) / ca->ca_bs) /
-			            blocks);
+			        (((double)(backlog - minb) / bs) / blocks);
 		}
 	}
 	if (ca->ca_temp > 0) {
@@ -756,6 +760,7 @@ ca_tree_select(struct cache_aware *ca, struct ca_model *cm,
 {
 	struct tree_match m;
 	int hp[TREE_MAX_HOLDERS], idx;
+	double each[TREE_MAX_HOLDERS];
 	unsigned i, nh = 0;
 	const char *text;
 
@@ -791,14 +796,56 @@ ca_tree_select(struct cache_aware *ca, struct ca_model *cm,
 		return 0;
 	}
 	ca_charge(ca, n, true, ca_tokens(ca, m.tm_matched, m.tm_input), now_ms);
-	idx = ca_pick_holder(ca, c, hp, nh, (double)m.tm_matched, m.tm_input,
-	    avg, now_ms);
+	for (i = 0; i < nh; i++)
+		each[i] = (double)m.tm_matched;
+	/* §11.6: request_blocks of a tree holder = max(1, len / bs). */
+	idx = ca_pick_holder(ca, c, hp, nh, each,
+	    (double)m.tm_input / ca->ca_bs, ca->ca_bs, avg, now_ms);
 	*b = ca_spills(ca, n, &idx, avg) ? CA_SPILL : CA_TREE_MATCH;
 	ca_insert(ca, cm, c[idx], req);
 	return idx;
 }
 
 /* ------------------------------------------------------------ event mode */
+
+/*
+ * §11.6 in event mode: every candidate's block overlap, then the holders
+ * (overlap > 0) are weighed by decay and temperature as tree holders are.
+ * Returns the pick and its overlap in *score, or -1 when nobody overlaps.
+ */
+static int
+ca_event_knobs(struct cache_aware *ca, struct ca_model *cm,
+    struct worker *const *c, unsigned n, const Smg__RouteRequest *req,
+    double avg, uint64_t now_ms, uint32_t *score)
+{
+	static unsigned slots[SHM_MAX_WORKERS];
+	static uint32_t sc[SHM_MAX_WORKERS];
+	static int hp[SHM_MAX_WORKERS];
+	static double each[SHM_MAX_WORKERS];
+	struct kvindex *kx = kvindex_of(ca->ca_p->pl_br);
+	uint32_t bs = kvindex_block_size(kx, cm->cm_name);
+	unsigned i, nh = 0;
+	int idx;
+
+	if (bs == 0)
+		bs = ca->ca_bs;
+	for (i = 0; i < n; i++)
+		slots[i] = c[i]->wk_slot;
+	kvindex_overlap(kx, cm->cm_name, req->tokens, req->n_tokens, bs, slots,
+	    n, sc, now_ms);
+	for (i = 0; i < n; i++)
+		if (sc[i] > 0) {
+			hp[nh] = (int)i;
+			each[nh++] = sc[i];
+		}
+	*score = 0;
+	if (nh == 0)
+		return -1;
+	idx = ca_pick_holder(ca, c, hp, nh, each, (double)(req->n_tokens / bs),
+	    bs, avg, now_ms);
+	*score = sc[idx];
+	return idx;
+}
 
 /*
  * §11.4: the engines' own caches as their KV events report them (the
@@ -814,8 +861,11 @@ ca_event_select(struct cache_aware *ca, struct ca_model *cm,
 	uint32_t score, bs;
 	int idx;
 
-	idx = kvindex_select(br, cm->cm_name, c, n, ca->ca_load, req->tokens,
-	    req->n_tokens, ca->ca_bs, &score);
+	if (ca->ca_decay > 0 || ca->ca_temp > 0)
+		idx = ca_event_knobs(ca, cm, c, n, req, avg, now_ms, &score);
+	else
+		idx = kvindex_select(br, cm->cm_name, c, n, ca->ca_load,
+		    req->tokens, req->n_tokens, ca->ca_bs, &score);
 	if (idx < 0) {
 		*b = CA_EVENT_NO_OVERLAP;
 		ca_charge(ca, n, false, 0, now_ms);
