@@ -31,6 +31,9 @@
 #define CH_BACKOFF_MAX_MS 30000
 #define CH_CONNECT_SECS   5.0 /* TCP connect + TLS handshake */
 #define CH_WINDOW         (1 << 20)
+/* A connection with calls is pinged this often; an unanswered PING by
+ * the next one ends it (a peer gone without a reset). */
+#define CH_KEEPALIVE_SECS 20.0
 
 enum ch_state {
 	CH_IDLE = 0, /* no connection, may connect */
@@ -90,6 +93,7 @@ struct grpc_channel {
 	size_t ch_wlen;
 	size_t ch_woff;
 	struct grpc_call *ch_calls;
+	bool ch_ping_out; /* a keepalive PING awaits its ACK */
 	unsigned ch_depth; /* inside code that runs the calls' callbacks */
 	bool ch_freeing; /* freed from a callback: the rest waits */
 };
@@ -490,7 +494,10 @@ h2_frame_cb(nghttp2_session *s, const nghttp2_frame *f, void *user)
 	struct grpc_call *c;
 	void (*cb)(void *);
 
-	(void)user;
+	if (f->hd.type == NGHTTP2_PING && (f->hd.flags & NGHTTP2_FLAG_ACK)) {
+		((struct grpc_channel *)user)->ch_ping_out = false;
+		return 0;
+	}
 	if (f->hd.type != NGHTTP2_HEADERS ||
 	    f->headers.cat != NGHTTP2_HCAT_RESPONSE ||
 	    (f->hd.flags & NGHTTP2_FLAG_END_STREAM) ||
@@ -718,6 +725,23 @@ ch_timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
 		ch->ch_state = CH_IDLE;
 		return;
 	}
+	if (ch->ch_state == CH_READY) {
+		/* Keepalive: only while calls run (idle channels may rest). */
+		if (ch->ch_ping_out) {
+			ch_fail(ch, "no answer to a keepalive PING in %.0f s",
+			    CH_KEEPALIVE_SECS);
+			return;
+		}
+		if (ch->ch_calls != NULL &&
+		    nghttp2_submit_ping(ch->ch_sess, NGHTTP2_FLAG_NONE, NULL) ==
+		        0) {
+			ch->ch_ping_out = true;
+			ch->ch_depth++;
+			ch_pump(ch);
+			(void)ch_leave(ch);
+		}
+		return;
+	}
 	ch_fail(ch, "connect timed out");
 }
 
@@ -809,6 +833,9 @@ ch_session_up(struct grpc_channel *ch)
 		return -1;
 	}
 	ev_timer_stop(ch->ch_loop, &ch->ch_timer);
+	ev_timer_set(&ch->ch_timer, CH_KEEPALIVE_SECS, CH_KEEPALIVE_SECS);
+	ev_timer_start(ch->ch_loop, &ch->ch_timer);
+	ch->ch_ping_out = false;
 	ch->ch_state = CH_READY;
 	ch->ch_was_ready = true;
 	ch->ch_backoff_ms = CH_BACKOFF_MIN_MS;
