@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
@@ -64,6 +65,7 @@ struct ca_place {
 	uint64_t cp_key;
 	struct ca_holder cp_h[CA_HOLDERS_MAX];
 	unsigned cp_n;
+	uint64_t cp_saved_ms; /* last written to the store, 0 never */
 	struct ca_place *cp_next;
 };
 
@@ -122,6 +124,10 @@ static void ca_on_add(struct policy *p, struct worker *w);
 static void ca_on_remove(struct policy *p, struct worker *w);
 static void ca_on_report(struct policy *p, struct worker *w);
 static void ca_sweep(struct policy *p, uint64_t now_ms);
+static void ca_restore_place(struct policy *p, const char *key,
+    const char *const *urls, const uint64_t *touch_ms, unsigned n);
+static void ca_place_save(struct cache_aware *ca, struct ca_model *cm,
+    struct ca_place *pl, uint64_t now_ms);
 static struct ca_model *ca_model(struct cache_aware *ca, const char *name,
     bool create);
 static void ca_model_free(struct ca_model *cm);
@@ -177,6 +183,7 @@ const struct policy_ops policy_cache_aware_ops = {
 	.po_on_report = ca_on_report,
 	.po_sweep = ca_sweep,
 	.po_replay = policy_cache_aware_replay,
+	.po_restore_place = ca_restore_place,
 };
 
 /* ------------------------------------------------------------ lifecycle */
@@ -966,21 +973,25 @@ ca_place_record(struct cache_aware *ca, struct ca_model *cm,
 {
 	struct ca_place *pl;
 	unsigned i, j, stalest;
+	bool changed;
 	size_t k;
 
 	for (k = 0; k < nkeys; k++) {
 		pl = ca_place_get(cm, keys[k], true);
+		changed = false;
 		for (i = 0, j = 0; i < pl->cp_n; i++) {
 			if (now_ms - pl->cp_h[i].ch_touch_ms > ca->ca_ttl_ms)
 				continue; /* expired */
 			pl->cp_h[j++] = pl->cp_h[i];
 		}
+		changed = j != pl->cp_n;
 		pl->cp_n = j;
 		for (i = 0; i < pl->cp_n; i++) {
 			if (pl->cp_h[i].ch_url_hash == w->wk_url_hash)
 				break;
 		}
 		if (i == pl->cp_n) {
+			changed = true;
 			if (pl->cp_n == CA_HOLDERS_MAX) {
 				for (stalest = 0, j = 1; j < pl->cp_n; j++) {
 					if (pl->cp_h[j].ch_touch_ms <
@@ -993,7 +1004,94 @@ ca_place_record(struct cache_aware *ca, struct ca_model *cm,
 			pl->cp_h[i].ch_url_hash = w->wk_url_hash;
 		}
 		pl->cp_h[i].ch_touch_ms = now_ms;
+		/* Written behind when its holders change, and refreshed a few
+		 * times per TTL, so a hot key costs little. */
+		if (changed || pl->cp_saved_ms == 0 ||
+		    now_ms - pl->cp_saved_ms >= ca->ca_ttl_ms / 4)
+			ca_place_save(ca, cm, pl, now_ms);
 	}
+}
+
+/* The store's key of a placement: the map key in hex, then the model. */
+static void
+ca_place_name(const struct ca_model *cm, uint64_t key, char *buf, size_t len)
+{
+	snprintf(buf, len, "%016llx %s", (unsigned long long)key, cm->cm_name);
+}
+
+/* Writes (or, without holders, deletes) the stored copy of pl. */
+static void
+ca_place_save(struct cache_aware *ca, struct ca_model *cm, struct ca_place *pl,
+    uint64_t now_ms)
+{
+	struct broker *br = ca->ca_p->pl_br;
+	const char *urls[CA_HOLDERS_MAX];
+	uint64_t touch[CA_HOLDERS_MAX], wall;
+	char scope[SHM_MODEL_MAX + 32], inst[SHM_MODEL_MAX + 16];
+	char name[SHM_MODEL_MAX + 24];
+	struct timespec ts;
+	unsigned i, j, n = 0;
+
+	if (br == NULL || br->br_store == NULL)
+		return;
+	/* Touch times are monotonic: stored as wall-clock times. */
+	clock_gettime(CLOCK_REALTIME, &ts);
+	wall = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+	for (i = 0; i < pl->cp_n; i++) {
+		for (j = 0; j < br->br_nworkers; j++) {
+			if (br->br_order[j]->wk_url_hash ==
+			    pl->cp_h[i].ch_url_hash)
+				break;
+		}
+		if (j == br->br_nworkers)
+			continue; /* a worker gone since */
+		urls[n] = br->br_order[j]->wk_url;
+		touch[n++] = wall - (now_ms - pl->cp_h[i].ch_touch_ms);
+	}
+	snprintf(scope, sizeof(scope), "hash/%s",
+	    persist_scope(br, ca->ca_p, inst, sizeof(inst)));
+	ca_place_name(cm, pl->cp_key, name, sizeof(name));
+	persist_place_put(br, scope, name, urls, touch, n);
+	pl->cp_saved_ms = now_ms;
+}
+
+/* persist_restore's hook: a placement saved by ca_place_save. */
+static void
+ca_restore_place(struct policy *p, const char *key, const char *const *urls,
+    const uint64_t *touch_ms, unsigned n)
+{
+	struct cache_aware *ca = p->pl_state;
+	struct ca_place *pl;
+	struct ca_model *cm;
+	struct timespec ts;
+	uint64_t wall, now = shm_now_ms(), age, hkey;
+	unsigned i;
+	char *end;
+
+	if (!ca->ca_hash || strlen(key) < 18 || key[16] != ' ')
+		return;
+	hkey = strtoull(key, &end, 16);
+	if (end != key + 16)
+		return;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	wall = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+	cm = ca_model(ca, key + 17, true);
+	pl = NULL;
+	for (i = 0; i < n; i++) {
+		age = wall > touch_ms[i] ? wall - touch_ms[i] : 0;
+		if (age > ca->ca_ttl_ms || age > now ||
+		    registry_find(p->pl_br, urls[i]) == NULL)
+			continue; /* expired, or a worker gone */
+		if (pl == NULL)
+			pl = ca_place_get(cm, hkey, true);
+		if (pl->cp_n == CA_HOLDERS_MAX)
+			break;
+		pl->cp_h[pl->cp_n].ch_url_hash =
+		    XXH3_64bits(urls[i], strlen(urls[i]));
+		pl->cp_h[pl->cp_n++].ch_touch_ms = now - age;
+	}
+	if (pl != NULL)
+		pl->cp_saved_ms = now;
 }
 
 static int
@@ -1160,7 +1258,10 @@ ca_sweep(struct policy *p, uint64_t now_ms)
 					    ca->ca_ttl_ms)
 						pl->cp_h[k++] = pl->cp_h[j];
 				}
-				pl->cp_n = k;
+				if (k != pl->cp_n) {
+					pl->cp_n = k;
+					ca_place_save(ca, cm, pl, now_ms);
+				}
 				if (k == 0) {
 					*pp = pl->cp_next;
 					free(pl);
