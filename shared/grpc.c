@@ -371,12 +371,14 @@ static ssize_t
 h2_read_cb(nghttp2_session *s, int32_t stream, uint8_t *buf, size_t length,
     uint32_t *flags, nghttp2_data_source *src, void *user)
 {
-	struct grpc_call *c = src->ptr;
+	struct grpc_call *c;
 	size_t n;
 
-	(void)s;
-	(void)stream;
+	(void)src;
 	(void)user;
+	/* Through the stream, not src: a cancelled call is gone. */
+	if ((c = nghttp2_session_get_stream_user_data(s, stream)) == NULL)
+		return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
 	n = c->gc_out_len - c->gc_out_off;
 	if (n > length)
 		n = length;
