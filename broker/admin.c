@@ -231,6 +231,16 @@ admin_parse_spec(const char *json, cJSON **root, struct worker_spec *ws,
 			       "endpoint such as tcp://host:5557";
 			return -1;
 		}
+		/* The poller's gRPC side channel (workers.md §4). */
+		sub = cJSON_GetObjectItemCaseSensitive(it, "grpc_endpoint");
+		if (sub != NULL &&
+		    ((strncmp(sub->valuestring, "grpc://", 7) != 0 &&
+		         strncmp(sub->valuestring, "grpcs://", 8) != 0) ||
+		        strlen(sub->valuestring) >= SHM_URL_MAX)) {
+			*err = "labels.grpc_endpoint must be a gRPC URL such "
+			       "as grpc://host:50051";
+			return -1;
+		}
 		ws->ws_labels = it;
 	}
 	if ((it = cJSON_GetObjectItemCaseSensitive(o, "priority")) != NULL &&
@@ -310,6 +320,18 @@ admin_parse_spec(const char *json, cJSON **root, struct worker_spec *ws,
 			}
 			ws->ws_ov_token_usage = sub->valuedouble;
 		}
+	}
+	if ((it = cJSON_GetObjectItemCaseSensitive(o,
+	         "load_monitor_interval_secs")) != NULL &&
+	    !cJSON_IsNull(it)) {
+		if (!cJSON_IsNumber(it) || it->valuedouble < 1 ||
+		    it->valuedouble > 86400 ||
+		    it->valuedouble != floor(it->valuedouble)) {
+			*err = "load_monitor_interval_secs must be an integer "
+			       "in [1, 86400]";
+			return -1;
+		}
+		ws->ws_load_interval_secs = (uint32_t)it->valuedouble;
 	}
 	/* Kept for GET /workers; registry_add drops the key from its copy. */
 	ws->ws_spec = o;

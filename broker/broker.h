@@ -222,6 +222,7 @@ struct worker {
 	bool wk_overloaded;
 	int64_t wk_ov_waiting; /* effective thresholds, 0 unset */
 	double wk_ov_token_usage;
+	uint32_t wk_load_interval_secs; /* spec's load poll period, 0 unset */
 	struct worker_load wk_load;
 	unsigned wk_slot;
 	uint32_t wk_generation;
@@ -308,6 +309,7 @@ struct worker_spec {
 	bool ws_health_disabled; /* spec health.disable_health_check */
 	int64_t ws_ov_waiting; /* per-worker overload overrides, 0 unset */
 	double ws_ov_token_usage;
+	uint32_t ws_load_interval_secs; /* spec load_monitor_interval_secs */
 };
 
 /*
@@ -407,6 +409,10 @@ struct policy_ops {
 	    const char *const *urls, unsigned nurls, uint64_t last_ms);
 	void (*po_replay)(struct policy *p, const char *model, int kind,
 	    struct worker *w, const void *key, size_t keylen);
+	/* A hash-mode placement (persist_place_put under "hash/<instance>"):
+	 * key, holder URLs and their last touch (ms since the epoch). */
+	void (*po_restore_place)(struct policy *p, const char *key,
+	    const char *const *urls, const uint64_t *touch_ms, unsigned n);
 };
 
 struct policy {
@@ -680,6 +686,13 @@ const char *persist_scope(struct broker *br, const struct policy *p, char *buf,
 void persist_assign_put(struct broker *br, const char *scope, const char *key,
     const struct sticky_pin *pin);
 void persist_assign_del(struct broker *br, const char *scope, const char *key);
+/*
+ * A cache_aware hash-mode placement (policies.md §11.7) under scope
+ * "hash/<instance>": key, holder URLs and their last touch (ms since the
+ * epoch); n 0 deletes it. Written behind like the rest.
+ */
+void persist_place_put(struct broker *br, const char *scope, const char *key,
+    const char *const *urls, const uint64_t *touch_ms, unsigned n);
 /*
  * Restore hook of a broker-wide owner of assignments (not a policy
  * instance): persist_restore calls cb for each record stored under

@@ -29,7 +29,8 @@
  * bytes are UTF-8, or u32 token ids in host order. Chunk record: key =
  * chain hash (u64 LE), value = PERSIST_CHUNK bytes. Assignment record:
  * key = scope NUL key; value = JSON {"urls": [...], "last": <ms since the
- * epoch>}.
+ * epoch>}; a hash-mode placement (scope "hash/<instance>") adds "touch":
+ * each holder's last touch, ms since the epoch.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -731,6 +732,77 @@ persist_assign_put(struct broker *br, const char *scope, const char *key,
 }
 
 void
+persist_place_put(struct broker *br, const char *scope, const char *key,
+    const char *const *urls, const uint64_t *touch_ms, unsigned n)
+{
+	char k[STORE_KEY_MAX + 1], *js;
+	size_t ls = strlen(scope), lk = strlen(key);
+	uint64_t last = 0;
+	cJSON *o, *a, *t;
+	unsigned i;
+
+	if (br->br_store == NULL || br->br_restoring ||
+	    ls + 1 + lk > STORE_KEY_MAX)
+		return;
+	if (n == 0) {
+		persist_assign_del(br, scope, key);
+		return;
+	}
+	memcpy(k, scope, ls);
+	k[ls] = '\0';
+	memcpy(k + ls + 1, key, lk);
+	if ((o = cJSON_CreateObject()) == NULL)
+		return;
+	a = cJSON_AddArrayToObject(o, "urls");
+	t = cJSON_AddArrayToObject(o, "touch");
+	for (i = 0; a != NULL && t != NULL && i < n; i++) {
+		cJSON_AddItemToArray(a, cJSON_CreateString(urls[i]));
+		cJSON_AddItemToArray(t,
+		    cJSON_CreateNumber((double)touch_ms[i]));
+		if (touch_ms[i] > last)
+			last = touch_ms[i];
+	}
+	cJSON_AddNumberToObject(o, "last", (double)last);
+	if ((js = cJSON_PrintUnformatted(o)) != NULL) {
+		store_put_db(br->br_store, STORE_DB_ASSIGN, k, ls + 1 + lk, js,
+		    strlen(js));
+		free(js);
+	}
+	cJSON_Delete(o);
+}
+
+/* A placement record back into its cache_aware instance. */
+static void
+persist_place_restore(struct policy *p, const char *name, const cJSON *j)
+{
+	const cJSON *urls = cJSON_GetObjectItemCaseSensitive(j, "urls");
+	const cJSON *touch = cJSON_GetObjectItemCaseSensitive(j, "touch");
+	const cJSON *u, *t;
+	const char **v;
+	uint64_t *tm;
+	unsigned n = 0;
+
+	if (!cJSON_IsArray(urls) || !cJSON_IsArray(touch) ||
+	    cJSON_GetArraySize(urls) != cJSON_GetArraySize(touch) ||
+	    cJSON_GetArraySize(urls) == 0)
+		return;
+	v = xcalloc((size_t)cJSON_GetArraySize(urls), sizeof(*v));
+	tm = xcalloc((size_t)cJSON_GetArraySize(urls), sizeof(*tm));
+	for (u = urls->child, t = touch->child; u != NULL && t != NULL;
+	     u = u->next, t = t->next) {
+		if (!cJSON_IsString(u) || !cJSON_IsNumber(t) ||
+		    t->valuedouble < 0)
+			continue;
+		v[n] = u->valuestring;
+		tm[n++] = (uint64_t)t->valuedouble;
+	}
+	if (n > 0)
+		p->pl_ops->po_restore_place(p, name, v, tm, n);
+	free(v);
+	free(tm);
+}
+
+void
 persist_assign_del(struct broker *br, const char *scope, const char *key)
 {
 	char k[STORE_KEY_MAX + 1];
@@ -774,6 +846,16 @@ persist_assign_cb(void *arg, const void *key, size_t klen, const void *val,
 	for (i = 0; i < pe->pe_nowners && owner == NULL; i++)
 		if (strcmp(scope, pe->pe_owner_scope[i]) == 0)
 			owner = pe->pe_owner_cb[i];
+	if (owner == NULL && strncmp(scope, "hash/", 5) == 0) {
+		if ((p = persist_policy(br, scope + 5)) == NULL ||
+		    p->pl_ops->po_restore_place == NULL ||
+		    (j = cJSON_ParseWithLength(val, vlen)) == NULL)
+			return 0;
+		persist_place_restore(p, name, j);
+		cJSON_Delete(j);
+		rc->rc_assign++;
+		return 0;
+	}
 	if (owner == NULL &&
 	    (strncmp(scope, "manual/", 7) != 0 ||
 	        (p = persist_policy(br, scope + 7)) == NULL ||

@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
@@ -64,6 +65,7 @@ struct ca_place {
 	uint64_t cp_key;
 	struct ca_holder cp_h[CA_HOLDERS_MAX];
 	unsigned cp_n;
+	uint64_t cp_saved_ms; /* last written to the store, 0 never */
 	struct ca_place *cp_next;
 };
 
@@ -122,6 +124,10 @@ static void ca_on_add(struct policy *p, struct worker *w);
 static void ca_on_remove(struct policy *p, struct worker *w);
 static void ca_on_report(struct policy *p, struct worker *w);
 static void ca_sweep(struct policy *p, uint64_t now_ms);
+static void ca_restore_place(struct policy *p, const char *key,
+    const char *const *urls, const uint64_t *touch_ms, unsigned n);
+static void ca_place_save(struct cache_aware *ca, struct ca_model *cm,
+    struct ca_place *pl, uint64_t now_ms);
 static struct ca_model *ca_model(struct cache_aware *ca, const char *name,
     bool create);
 static void ca_model_free(struct ca_model *cm);
@@ -136,8 +142,8 @@ static bool ca_gated(const struct cache_aware *ca, uint32_t load, double avg);
 static bool ca_kv_pressure(const struct cache_aware *ca,
     struct worker *const *c, unsigned n, uint64_t now_ms);
 static int ca_pick_holder(struct cache_aware *ca, struct worker *const *c,
-    const int *hp, unsigned nh, double matched, size_t input, double avg,
-    uint64_t now_ms);
+    const int *hp, unsigned nh, const double *matched, double blocks,
+    uint32_t bs, double avg, uint64_t now_ms);
 static uint64_t ca_tokens(const struct cache_aware *ca, size_t units,
     size_t input);
 static void ca_insert(struct cache_aware *ca, struct ca_model *cm,
@@ -145,6 +151,9 @@ static void ca_insert(struct cache_aware *ca, struct ca_model *cm,
 static int ca_tree_select(struct cache_aware *ca, struct ca_model *cm,
     struct worker *const *c, unsigned n, const Smg__RouteRequest *req,
     double avg, uint64_t now_ms, enum ca_branch *b, double *rate);
+static int ca_event_knobs(struct cache_aware *ca, struct ca_model *cm,
+    struct worker *const *c, unsigned n, const Smg__RouteRequest *req,
+    double avg, uint64_t now_ms, uint32_t *score);
 static int ca_event_select(struct cache_aware *ca, struct ca_model *cm,
     struct worker *const *c, unsigned n, const Smg__RouteRequest *req,
     double avg, uint64_t now_ms, enum ca_branch *b, double *rate);
@@ -175,6 +184,7 @@ const struct policy_ops policy_cache_aware_ops = {
 	.po_on_report = ca_on_report,
 	.po_sweep = ca_sweep,
 	.po_replay = policy_cache_aware_replay,
+	.po_restore_place = ca_restore_place,
 };
 
 /* ------------------------------------------------------------ lifecycle */
@@ -678,17 +688,20 @@ ca_kv_pressure(const struct cache_aware *ca, struct worker *const *c,
  * Among the holder candidates hp[0..nh): lowest expected wait (ca_score)
  * among those under the in-flight gate, or among all when every one is
  * over it (§11.3: then the spill gate fires), ties random; with decay or
- * temperature (§11.6) the decayed match score decides.
+ * temperature (§11.6) the decayed match score decides: matched[i] is
+ * holder i's match (tree: equal; event mode: its block overlap), blocks
+ * the request's blocks of bs tokens.
  */
 static int
 ca_pick_holder(struct cache_aware *ca, struct worker *const *c, const int *hp,
-    unsigned nh, double matched, size_t input, double avg, uint64_t now_ms)
+    unsigned nh, const double *matched, double blocks, uint32_t bs, double avg,
+    uint64_t now_ms)
 {
+	static double score[SHM_MAX_WORKERS];
 	const struct worker_load *l;
-	double score[TREE_MAX_HOLDERS], best, lo, hi, w, total, r;
+	double best, lo, hi, w, total, r;
 	int64_t minb = INT64_MAX, backlog;
 	uint32_t bl = UINT32_MAX, ties = 0;
-	double blocks;
 	unsigned i;
 	int pick = -1;
 	bool pick_gated = false;
@@ -710,7 +723,6 @@ ca_pick_holder(struct cache_aware *ca, struct worker *const *c, const int *hp,
 		}
 		return pick;
 	}
-	blocks = (double)input / ca->ca_bs;
 	if (blocks < 1)
 		blocks = 1;
 	for (i = 0; i < nh; i++) {
@@ -723,7 +735,7 @@ ca_pick_holder(struct cache_aware *ca, struct worker *const *c, const int *hp,
 		}
 	}
 	for (i = 0; i < nh; i++) {
-		score[i] = matched;
+		score[i] = matched[i];
 		l = ca_report(ca, c[hp[i]], now_ms);
 		if (ca->ca_decay > 0 && l != NULL) {
 			backlog = l->wl_waiting_uncached_tokens > 0
@@ -731,8 +743,7 @@ ca_pick_holder(struct cache_aware *ca, struct worker *const *c, const int *hp,
 			    : 0;
 			score[i] /= 1.0 +
 			    ca->ca_decay *
-			        (((double)(backlog - minb) / ca->ca_bs) /
-			            blocks);
+			        (((double)(backlog - minb) / bs) / blocks);
 		}
 	}
 	if (ca->ca_temp > 0) {
@@ -816,6 +827,7 @@ ca_tree_select(struct cache_aware *ca, struct ca_model *cm,
 {
 	struct tree_match m;
 	int hp[TREE_MAX_HOLDERS], idx;
+	double each[TREE_MAX_HOLDERS];
 	unsigned i, nh = 0;
 	const char *text;
 
@@ -854,14 +866,56 @@ ca_tree_select(struct cache_aware *ca, struct ca_model *cm,
 		return 0;
 	}
 	ca_charge(ca, n, true, ca_tokens(ca, m.tm_matched, m.tm_input), now_ms);
-	idx = ca_pick_holder(ca, c, hp, nh, (double)m.tm_matched, m.tm_input,
-	    avg, now_ms);
+	for (i = 0; i < nh; i++)
+		each[i] = (double)m.tm_matched;
+	/* §11.6: request_blocks of a tree holder = max(1, len / bs). */
+	idx = ca_pick_holder(ca, c, hp, nh, each,
+	    (double)m.tm_input / ca->ca_bs, ca->ca_bs, avg, now_ms);
 	*b = ca_spills(ca, n, &idx, avg) ? CA_SPILL : CA_TREE_MATCH;
 	ca_insert(ca, cm, c[idx], req);
 	return idx;
 }
 
 /* ------------------------------------------------------------ event mode */
+
+/*
+ * §11.6 in event mode: every candidate's block overlap, then the holders
+ * (overlap > 0) are weighed by decay and temperature as tree holders are.
+ * Returns the pick and its overlap in *score, or -1 when nobody overlaps.
+ */
+static int
+ca_event_knobs(struct cache_aware *ca, struct ca_model *cm,
+    struct worker *const *c, unsigned n, const Smg__RouteRequest *req,
+    double avg, uint64_t now_ms, uint32_t *score)
+{
+	static unsigned slots[SHM_MAX_WORKERS];
+	static uint32_t sc[SHM_MAX_WORKERS];
+	static int hp[SHM_MAX_WORKERS];
+	static double each[SHM_MAX_WORKERS];
+	struct kvindex *kx = kvindex_of(ca->ca_p->pl_br);
+	uint32_t bs = kvindex_block_size(kx, cm->cm_name);
+	unsigned i, nh = 0;
+	int idx;
+
+	if (bs == 0)
+		bs = ca->ca_bs;
+	for (i = 0; i < n; i++)
+		slots[i] = c[i]->wk_slot;
+	kvindex_overlap(kx, cm->cm_name, req->tokens, req->n_tokens, bs, slots,
+	    n, sc, now_ms);
+	for (i = 0; i < n; i++)
+		if (sc[i] > 0) {
+			hp[nh] = (int)i;
+			each[nh++] = sc[i];
+		}
+	*score = 0;
+	if (nh == 0)
+		return -1;
+	idx = ca_pick_holder(ca, c, hp, nh, each, (double)(req->n_tokens / bs),
+	    bs, avg, now_ms);
+	*score = sc[idx];
+	return idx;
+}
 
 /*
  * §11.4: the engines' own caches as their KV events report them (the
@@ -877,8 +931,11 @@ ca_event_select(struct cache_aware *ca, struct ca_model *cm,
 	uint32_t score, bs;
 	int idx;
 
-	idx = kvindex_select(br, cm->cm_name, c, n, ca->ca_load, req->tokens,
-	    req->n_tokens, ca->ca_bs, &score);
+	if (ca->ca_decay > 0 || ca->ca_temp > 0)
+		idx = ca_event_knobs(ca, cm, c, n, req, avg, now_ms, &score);
+	else
+		idx = kvindex_select(br, cm->cm_name, c, n, ca->ca_load,
+		    req->tokens, req->n_tokens, ca->ca_bs, &score);
 	if (idx < 0) {
 		*b = CA_EVENT_NO_OVERLAP;
 		ca_charge(ca, n, false, 0, now_ms);
@@ -979,21 +1036,25 @@ ca_place_record(struct cache_aware *ca, struct ca_model *cm,
 {
 	struct ca_place *pl;
 	unsigned i, j, stalest;
+	bool changed;
 	size_t k;
 
 	for (k = 0; k < nkeys; k++) {
 		pl = ca_place_get(cm, keys[k], true);
+		changed = false;
 		for (i = 0, j = 0; i < pl->cp_n; i++) {
 			if (now_ms - pl->cp_h[i].ch_touch_ms > ca->ca_ttl_ms)
 				continue; /* expired */
 			pl->cp_h[j++] = pl->cp_h[i];
 		}
+		changed = j != pl->cp_n;
 		pl->cp_n = j;
 		for (i = 0; i < pl->cp_n; i++) {
 			if (pl->cp_h[i].ch_url_hash == w->wk_url_hash)
 				break;
 		}
 		if (i == pl->cp_n) {
+			changed = true;
 			if (pl->cp_n == CA_HOLDERS_MAX) {
 				for (stalest = 0, j = 1; j < pl->cp_n; j++) {
 					if (pl->cp_h[j].ch_touch_ms <
@@ -1006,7 +1067,94 @@ ca_place_record(struct cache_aware *ca, struct ca_model *cm,
 			pl->cp_h[i].ch_url_hash = w->wk_url_hash;
 		}
 		pl->cp_h[i].ch_touch_ms = now_ms;
+		/* Written behind when its holders change, and refreshed a few
+		 * times per TTL, so a hot key costs little. */
+		if (changed || pl->cp_saved_ms == 0 ||
+		    now_ms - pl->cp_saved_ms >= ca->ca_ttl_ms / 4)
+			ca_place_save(ca, cm, pl, now_ms);
 	}
+}
+
+/* The store's key of a placement: the map key in hex, then the model. */
+static void
+ca_place_name(const struct ca_model *cm, uint64_t key, char *buf, size_t len)
+{
+	snprintf(buf, len, "%016llx %s", (unsigned long long)key, cm->cm_name);
+}
+
+/* Writes (or, without holders, deletes) the stored copy of pl. */
+static void
+ca_place_save(struct cache_aware *ca, struct ca_model *cm, struct ca_place *pl,
+    uint64_t now_ms)
+{
+	struct broker *br = ca->ca_p->pl_br;
+	const char *urls[CA_HOLDERS_MAX];
+	uint64_t touch[CA_HOLDERS_MAX], wall;
+	char scope[SHM_MODEL_MAX + 32], inst[SHM_MODEL_MAX + 16];
+	char name[SHM_MODEL_MAX + 24];
+	struct timespec ts;
+	unsigned i, j, n = 0;
+
+	if (br == NULL || br->br_store == NULL)
+		return;
+	/* Touch times are monotonic: stored as wall-clock times. */
+	clock_gettime(CLOCK_REALTIME, &ts);
+	wall = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+	for (i = 0; i < pl->cp_n; i++) {
+		for (j = 0; j < br->br_nworkers; j++) {
+			if (br->br_order[j]->wk_url_hash ==
+			    pl->cp_h[i].ch_url_hash)
+				break;
+		}
+		if (j == br->br_nworkers)
+			continue; /* a worker gone since */
+		urls[n] = br->br_order[j]->wk_url;
+		touch[n++] = wall - (now_ms - pl->cp_h[i].ch_touch_ms);
+	}
+	snprintf(scope, sizeof(scope), "hash/%s",
+	    persist_scope(br, ca->ca_p, inst, sizeof(inst)));
+	ca_place_name(cm, pl->cp_key, name, sizeof(name));
+	persist_place_put(br, scope, name, urls, touch, n);
+	pl->cp_saved_ms = now_ms;
+}
+
+/* persist_restore's hook: a placement saved by ca_place_save. */
+static void
+ca_restore_place(struct policy *p, const char *key, const char *const *urls,
+    const uint64_t *touch_ms, unsigned n)
+{
+	struct cache_aware *ca = p->pl_state;
+	struct ca_place *pl;
+	struct ca_model *cm;
+	struct timespec ts;
+	uint64_t wall, now = shm_now_ms(), age, hkey;
+	unsigned i;
+	char *end;
+
+	if (!ca->ca_hash || strlen(key) < 18 || key[16] != ' ')
+		return;
+	hkey = strtoull(key, &end, 16);
+	if (end != key + 16)
+		return;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	wall = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+	cm = ca_model(ca, key + 17, true);
+	pl = NULL;
+	for (i = 0; i < n; i++) {
+		age = wall > touch_ms[i] ? wall - touch_ms[i] : 0;
+		if (age > ca->ca_ttl_ms || age > now ||
+		    registry_find(p->pl_br, urls[i]) == NULL)
+			continue; /* expired, or a worker gone */
+		if (pl == NULL)
+			pl = ca_place_get(cm, hkey, true);
+		if (pl->cp_n == CA_HOLDERS_MAX)
+			break;
+		pl->cp_h[pl->cp_n].ch_url_hash =
+		    XXH3_64bits(urls[i], strlen(urls[i]));
+		pl->cp_h[pl->cp_n++].ch_touch_ms = now - age;
+	}
+	if (pl != NULL)
+		pl->cp_saved_ms = now;
 }
 
 static int
@@ -1173,7 +1321,10 @@ ca_sweep(struct policy *p, uint64_t now_ms)
 					    ca->ca_ttl_ms)
 						pl->cp_h[k++] = pl->cp_h[j];
 				}
-				pl->cp_n = k;
+				if (k != pl->cp_n) {
+					pl->cp_n = k;
+					ca_place_save(ca, cm, pl, now_ms);
+				}
 				if (k == 0) {
 					*pp = pl->cp_next;
 					free(pl);

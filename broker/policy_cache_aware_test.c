@@ -29,6 +29,7 @@ size_t __sanitizer_get_current_allocated_bytes(void);
 
 #include "broker/broker.h"
 #include "broker/broker_testutil.h"
+#include "broker/kvindex.h"
 
 static void
 report(struct btu_fx *f, unsigned i, double usage, int64_t waiting_tokens)
@@ -453,6 +454,82 @@ test_decay_prefers_shorter_backlog(void **state)
 	btu_fx_free(f);
 }
 
+/* Worker i's engine stored nblocks blocks of 16 tokens of tok. */
+static void
+stored(struct btu_fx *f, unsigned i, const uint32_t *tok, size_t nblocks)
+{
+	static uint64_t seq;
+	struct worker *w = f->fx_c[i];
+	Smg__KvEventBatch b = SMG__KV_EVENT_BATCH__INIT;
+	Smg__KvEvent e = SMG__KV_EVENT__INIT, *ep = &e;
+	Smg__KvBlocksStored st = SMG__KV_BLOCKS_STORED__INIT;
+	int64_t hashes[16];
+	size_t j;
+
+	for (j = 0; j < nblocks; j++)
+		hashes[j] = (int64_t)(1000 * (i + 1) + j);
+	st.block_hashes = hashes;
+	st.n_block_hashes = nblocks;
+	st.token_ids = (uint32_t *)tok;
+	st.n_token_ids = nblocks * 16;
+	st.block_size = 16;
+	e.data_case = SMG__KV_EVENT__DATA_STORED;
+	e.stored = &st;
+	b.worker_slot = w->wk_slot;
+	b.worker_generation = w->wk_generation;
+	b.worker_url = w->wk_url;
+	b.sequence = ++seq;
+	b.events = &ep;
+	b.n_events = 1;
+	kvindex_handle(f->fx_br, &b);
+}
+
+/*
+ * §11.6 in event mode: worker 0 holds 14 blocks of the request, worker
+ * 1 the first 13. Plain event mode takes 0; decay with 0's backlog takes
+ * 1; a tiny temperature keeps 0, a large one spreads.
+ */
+static void
+test_event_mode_decay_and_temperature(void **state)
+{
+	uint32_t tok[14 * 16 + 5];
+	struct btu_fx *f;
+	int i, seen[3], mode;
+
+	(void)state;
+	for (i = 0; i < 14 * 16 + 5; i++)
+		tok[i] = 100 + (uint32_t)i;
+	for (mode = 0; mode < 4; mode++) {
+		f = btu_fx_flags_new("ca", "cache_aware");
+		if (mode == 1)
+			f->fx_bs.bs_overlap_decay = 1.0;
+		if (mode == 2)
+			f->fx_bs.bs_selection_temperature = 0.01;
+		if (mode == 3)
+			f->fx_bs.bs_selection_temperature = 100;
+		btu_fx_start_order(f);
+		stored(f, 0, tok, 14);
+		stored(f, 1, tok, 13);
+		/* A backlog too small to spill over, enough for decay. */
+		report(f, 0, 0.1, 64);
+		report(f, 1, 0.1, 0);
+		report(f, 2, 0.1, 0);
+		memset(seen, 0, sizeof(seen));
+		for (i = 0; i < 200; i++)
+			seen[pick_tokens(f, tok,
+			    sizeof(tok) / sizeof(tok[0]))]++;
+		assert_int_equal(seen[2], 0); /* no overlap, never a holder */
+		if (mode == 0 || mode == 2)
+			assert_int_equal(seen[0], 200);
+		else if (mode == 1)
+			assert_int_equal(seen[1], 200);
+		else
+			assert_true(seen[0] > 20 && seen[1] > 20);
+		assert_int_equal(btu_branch(f, CA, "event_match"), 200);
+		btu_fx_free(f);
+	}
+}
+
 /* A fresh conversation: 64 hex digits that share nothing to speak of. */
 static void
 fresh_text(char *buf, size_t len, unsigned seed)
@@ -697,6 +774,7 @@ main(void)
 		cmocka_unit_test(test_eviction_sweep_and_gauges),
 		cmocka_unit_test(test_hash_mode),
 		cmocka_unit_test(test_decay_prefers_shorter_backlog),
+		cmocka_unit_test(test_event_mode_decay_and_temperature),
 		cmocka_unit_test(test_new_conversations_spread),
 		cmocka_unit_test(test_holder_ties_uniform),
 		cmocka_unit_test(test_spill_leaves_gated_holder),

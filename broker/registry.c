@@ -436,6 +436,7 @@ registry_add(struct broker *br, const struct worker_spec *ws, bool persist,
 	w->wk_ov_token_usage = ws->ws_ov_token_usage > 0
 	    ? ws->ws_ov_token_usage
 	    : br->br_set->bs_overload_token_usage;
+	w->wk_load_interval_secs = ws->ws_load_interval_secs;
 	w->wk_order = br->br_next_order++;
 	w->wk_slot = (unsigned)slot;
 	if (adopted) {
@@ -625,6 +626,9 @@ registry_publish(struct broker *br, struct worker *w)
 	sw.sw_breaker = w->wk_cb.cb_state;
 	sw.sw_overloaded = w->wk_overloaded;
 	sw.sw_bootstrap_port = w->wk_bootstrap_port;
+	/* The poller's per-worker schedule (gateway.md §8, §9.1). */
+	sw.sw_load_interval_secs = w->wk_load_interval_secs;
+	sw.sw_overload_on = w->wk_ov_waiting > 0 || w->wk_ov_token_usage > 0;
 	snprintf(sw.sw_id, sizeof(sw.sw_id), "%s", w->wk_id);
 	snprintf(sw.sw_url, sizeof(sw.sw_url), "%s", w->wk_url);
 	snprintf(sw.sw_model, sizeof(sw.sw_model), "%s", w->wk_model);
@@ -637,6 +641,12 @@ registry_publish(struct broker *br, struct worker *w)
 	if (cJSON_IsString(kv) &&
 	    strlen(kv->valuestring) < sizeof(sw.sw_kv_endpoint))
 		memcpy(sw.sw_kv_endpoint, kv->valuestring,
+		    strlen(kv->valuestring) + 1);
+	/* Loads and KV events over gRPC for an HTTP worker (workers.md §4). */
+	kv = cJSON_GetObjectItemCaseSensitive(w->wk_labels, "grpc_endpoint");
+	if (cJSON_IsString(kv) &&
+	    strlen(kv->valuestring) < sizeof(sw.sw_grpc_endpoint))
+		memcpy(sw.sw_grpc_endpoint, kv->valuestring,
 		    strlen(kv->valuestring) + 1);
 	shm_worker_write(br->br_shm, w->wk_slot, &sw);
 }
@@ -679,6 +689,9 @@ registry_record_json(const struct worker *w)
 			cJSON_AddNumberToObject(ov, "token_usage",
 			    w->wk_ov_token_usage);
 	}
+	if (w->wk_load_interval_secs > 0)
+		cJSON_AddNumberToObject(o, "load_monitor_interval_secs",
+		    w->wk_load_interval_secs);
 	if ((s = cJSON_PrintUnformatted(o)) == NULL)
 		fatalx("%s: out of memory", __func__);
 	cJSON_Delete(o);

@@ -196,6 +196,19 @@ route_one(struct broker *br, const Smg__RouteRequest *req, Smg__Decision *d,
 		return;
 	}
 	w = c[idx];
+	if (w->wk_mode == SMG__CONNECTION_MODE__CONNECTION_MODE_GRPC) {
+		/* gRPC inference needs the gateway to tokenize (SMG's gRPC
+		 * router); such workers give routing signals only. */
+		snprintf(msg, msglen,
+		    "Worker %.160s is reachable only over gRPC; inference over "
+		    "gRPC needs the gateway to tokenize and apply chat "
+		    "templates, which smg-c does not implement (register the "
+		    "worker's HTTP URL with a grpc_endpoint label instead)",
+		    w->wk_url);
+		route_error(d, 501, "grpc_inference_not_implemented", msg);
+		d->terminal = true;
+		return;
+	}
 	d->status = SMG__DECISION_STATUS__DECISION_OK;
 	d->worker_slot = w->wk_slot;
 	d->worker_generation = w->wk_generation;

@@ -197,6 +197,11 @@ server_restore(struct broker *br, struct server_rec *rec)
 		it = cJSON_GetObjectItemCaseSensitive(ov, "token_usage");
 		ws.ws_ov_token_usage = cJSON_IsNumber(it) ? it->valuedouble : 0;
 	}
+	it = cJSON_GetObjectItemCaseSensitive(j, "load_monitor_interval_secs");
+	ws.ws_load_interval_secs = cJSON_IsNumber(it) && it->valuedouble >= 1 &&
+	        it->valuedouble <= 86400
+	    ? (uint32_t)it->valuedouble
+	    : 0;
 	if ((w = registry_add(br, &ws, true, &why)) == NULL)
 		log_warnx("%s: stored worker %s: %s", __func__, url, why);
 }

@@ -2,7 +2,9 @@
  * fanout.c: the routes that ask every worker at once (gateway.md §3.2):
  * POST /flush_cache and GET /get_loads, with the Prometheus fallback of
  * gateway.md §9.2 for workers without /v1/loads. One upstream request per
- * worker, answered together once every part ended.
+ * worker, answered together once every part ended. Workers registered as
+ * grpc:// or grpcs:// get their flush as the engine's FlushCache RPC
+ * (workers.md §4.1) over shared/grpc.c, on a channel of their own.
  */
 #include <ctype.h>
 #include <stdio.h>
@@ -12,11 +14,23 @@
 #include <cjson/cJSON.h>
 
 #include "frontend/frontend.h"
+#include "sglang_scheduler.pb-c.h"
+#include "shared/grpc.h"
 #include "shared/log.h"
 #include "shared/promload.h"
+#include "shared/tls.h"
 
-#define FANOUT_LOADS_PATH    "/v1/loads?include=core,disagg,queues,memory"
-#define FANOUT_LOADS_TIMEOUT 5.0 /* per fetch, gateway.md §9.2 */
+#define FANOUT_LOADS_PATH     "/v1/loads?include=core,disagg,queues,memory"
+#define FANOUT_LOADS_TIMEOUT  5.0 /* per fetch, gateway.md §9.2 */
+#define FANOUT_FLUSH_RPC_SECS 30.0
+
+/* The services serving FlushCache (workers.md §4.1), tried in turn. */
+static const char *const fanout_flush_paths[] = {
+	"/sglang.grpc.scheduler.SglangScheduler/FlushCache",
+	"/tokenspeed.grpc.scheduler.TokenSpeedScheduler/FlushCache",
+};
+#define FANOUT_NFLUSH_PATHS                                                    \
+	(sizeof(fanout_flush_paths) / sizeof(fanout_flush_paths[0]))
 
 struct fanout;
 
@@ -36,6 +50,12 @@ struct fanout_part {
 	size_t fp_cap;
 	bool fp_overflow; /* body over FE_FANOUT_BODY_MAX: unusable */
 	cJSON *fp_report; /* /get_loads: the worker's load report */
+	/* grpc:// workers: FlushCache */
+	bool fp_grpc;
+	struct grpc_channel *fp_ch;
+	struct grpc_call *fp_call;
+	unsigned fp_path; /* index into fanout_flush_paths */
+	char fp_grpc_err[GRPC_MESSAGE_MAX + 32]; /* "" when it succeeded */
 };
 
 struct fanout {
@@ -59,6 +79,9 @@ static cJSON *fanout_prom_report(const char *, size_t);
 static void fanout_part_done(struct fanout_part *, enum upstream_error);
 static void fanout_finish(struct fanout *);
 static void fanout_free(void *);
+static void fanout_grpc_send(struct fanout_part *);
+static void fanout_grpc_msg_cb(void *, const uint8_t *, size_t);
+static void fanout_grpc_close_cb(void *, const struct grpc_status *);
 
 /*
  * Workers whose /v1/loads route is absent (gateway.md §9.2), by slot:
@@ -88,7 +111,11 @@ fanout_start(struct conn *c, const struct http_request *hr,
 
 	for (slot = 0; slot < SHM_MAX_WORKERS; slot++)
 		if (shm_worker_read(fe->fe_shm, slot, &ws[n]) == 0 &&
-		    ws[n].sw_mode == 0)
+		    (ws[n].sw_mode ==
+		            SMG__CONNECTION_MODE__CONNECTION_MODE_HTTP ||
+		        (kind == FANOUT_FLUSH &&
+		            ws[n].sw_mode ==
+		                SMG__CONNECTION_MODE__CONNECTION_MODE_GRPC)))
 			slots[n++] = slot;
 	if ((fo = conn_alloc(c, sizeof(*fo) + n * sizeof(fo->fo_parts[0]))) ==
 	        NULL ||
@@ -110,6 +137,8 @@ fanout_start(struct conn *c, const struct http_request *hr,
 		p->fp_fo = fo;
 		p->fp_slot = slots[i];
 		p->fp_generation = ws[i].sw_generation;
+		p->fp_grpc =
+		    ws[i].sw_mode == SMG__CONNECTION_MODE__CONNECTION_MODE_GRPC;
 		snprintf(p->fp_url, sizeof(p->fp_url), "%s", ws[i].sw_url);
 		if (ws[i].sw_api_key[0] != '\0')
 			snprintf(p->fp_auth, sizeof(p->fp_auth), "Bearer %s",
@@ -136,6 +165,10 @@ fanout_send(struct fanout_part *p)
 	p->fp_status = 0;
 	p->fp_len = 0;
 	p->fp_overflow = false;
+	if (p->fp_grpc) {
+		fanout_grpc_send(p);
+		return;
+	}
 	if (p->fp_fo->fo_kind == FANOUT_FLUSH)
 		path = "/flush_cache";
 	else
@@ -324,7 +357,118 @@ fanout_free(void *arg)
 		p->fp_body = NULL;
 		cJSON_Delete(p->fp_report);
 		p->fp_report = NULL;
+		grpc_call_cancel(p->fp_call);
+		p->fp_call = NULL;
+		grpc_channel_free(p->fp_ch);
+		p->fp_ch = NULL;
 	}
+}
+
+/* The client context for grpcs:// flushes: the workers' CA flags, ALPN h2.
+ * Made on first use, kept for the process. */
+static struct tls_ctx *
+fanout_grpc_tls(void)
+{
+	static const char *alpn[] = { "h2", NULL };
+	static struct tls_ctx *ctx;
+	static bool tried;
+	const struct config *cf = fe->fe_cf;
+	const char **cas;
+	size_t i;
+
+	if (tried)
+		return ctx;
+	tried = true;
+	if ((cas = calloc(cf->cf_ca_cert_paths_n + 1, sizeof(*cas))) == NULL)
+		return NULL;
+	for (i = 0; i < cf->cf_ca_cert_paths_n; i++)
+		cas[i] = cf->cf_ca_cert_paths[i];
+	ctx = tls_ctx_new_client(cas, cf->cf_client_cert_path,
+	    cf->cf_client_key_path);
+	free(cas);
+	if (ctx != NULL && tls_ctx_set_alpn(ctx, alpn) == -1) {
+		tls_ctx_free(ctx);
+		ctx = NULL;
+	}
+	return ctx;
+}
+
+/* FlushCache on the next service that may serve it. */
+static void
+fanout_grpc_send(struct fanout_part *p)
+{
+	Smg__Grpc__Common__FlushCacheRequest req =
+	    SMG__GRPC__COMMON__FLUSH_CACHE_REQUEST__INIT;
+	uint8_t buf[16];
+	size_t len;
+
+	if (p->fp_ch == NULL &&
+	    (p->fp_ch = grpc_channel_new(fe->fe_loop, p->fp_url,
+	         strncmp(p->fp_url, "grpcs://", 8) == 0 ? fanout_grpc_tls()
+	                                                : NULL,
+	         0)) == NULL) {
+		snprintf(p->fp_grpc_err, sizeof(p->fp_grpc_err),
+		    "bad gRPC URL");
+		fanout_part_done(p, UPSTREAM_OK);
+		return;
+	}
+	len = protobuf_c_message_pack(&req.base, buf);
+	p->fp_grpc_err[0] = '\0';
+	p->fp_call = grpc_call_start(p->fp_ch, fanout_flush_paths[p->fp_path],
+	    p->fp_auth[0] != '\0' ? p->fp_auth + 7 : "", buf, len,
+	    FANOUT_FLUSH_RPC_SECS, fanout_grpc_msg_cb, fanout_grpc_close_cb, p);
+	if (p->fp_call == NULL) {
+		snprintf(p->fp_grpc_err, sizeof(p->fp_grpc_err),
+		    "out of memory");
+		fanout_part_done(p, UPSTREAM_OK);
+	}
+}
+
+static void
+fanout_grpc_msg_cb(void *arg, const uint8_t *msg, size_t len)
+{
+	struct fanout_part *p = arg;
+	Smg__Grpc__Common__FlushCacheResponse *r;
+
+	if ((r = smg__grpc__common__flush_cache_response__unpack(NULL, len,
+	         msg)) == NULL) {
+		p->fp_status = 502;
+		snprintf(p->fp_grpc_err, sizeof(p->fp_grpc_err),
+		    "FlushCacheResponse does not decode");
+		return;
+	}
+	p->fp_status = r->has_success && r->success ? 200 : 500;
+	if (p->fp_status != 200)
+		snprintf(p->fp_grpc_err, sizeof(p->fp_grpc_err),
+		    "FlushCache failed: %s",
+		    r->message != NULL ? r->message : "");
+	smg__grpc__common__flush_cache_response__free_unpacked(r, NULL);
+}
+
+static void
+fanout_grpc_close_cb(void *arg, const struct grpc_status *st)
+{
+	struct fanout_part *p = arg;
+
+	p->fp_call = NULL;
+	if (st->gs_code == GRPC_UNIMPLEMENTED &&
+	    ++p->fp_path < FANOUT_NFLUSH_PATHS) {
+		fanout_grpc_send(p);
+		return;
+	}
+	if (st->gs_code != GRPC_OK) {
+		p->fp_status = 0;
+		snprintf(p->fp_grpc_err, sizeof(p->fp_grpc_err), "%s: %s",
+		    grpc_code_name(st->gs_code), st->gs_message);
+	} else if (p->fp_status == 0) {
+		p->fp_status = 502;
+		snprintf(p->fp_grpc_err, sizeof(p->fp_grpc_err),
+		    "no FlushCacheResponse");
+	}
+	if (p->fp_grpc_err[0] != '\0')
+		log_info("%s: %s: FlushCache: %s", __func__, p->fp_url,
+		    p->fp_grpc_err);
+	fanout_part_done(p, UPSTREAM_OK);
 }
 
 static const char *
@@ -380,7 +524,7 @@ fanout_finish(struct fanout *fo)
 {
 	struct conn *c = fo->fo_conn;
 	cJSON *j = cJSON_CreateObject(), *arr, *f;
-	size_t i, nok = 0;
+	size_t i, nok = 0, ngrpc = 0;
 	int status = 200;
 
 	if (fo->fo_kind == FANOUT_LOADS) {
@@ -401,13 +545,18 @@ fanout_finish(struct fanout *fo)
 			}
 			f = cJSON_CreateObject();
 			cJSON_AddStringToObject(f, "worker", p->fp_url);
-			if (p->fp_err == UPSTREAM_OK)
+			if (p->fp_grpc)
+				cJSON_AddStringToObject(f, "error",
+				    p->fp_grpc_err[0] ? p->fp_grpc_err
+				                      : "FlushCache failed");
+			else if (p->fp_err == UPSTREAM_OK)
 				snprintf(err, sizeof(err), "HTTP %d",
 				    p->fp_status);
 			else
 				snprintf(err, sizeof(err), "%s",
 				    fanout_error(p));
-			cJSON_AddStringToObject(f, "error", err);
+			if (!p->fp_grpc)
+				cJSON_AddStringToObject(f, "error", err);
 			cJSON_AddItemToArray(arr, f);
 		}
 		if (nok == fo->fo_n) {
@@ -423,8 +572,13 @@ fanout_finish(struct fanout *fo)
 			cJSON_AddItemToObject(j, "failed", arr);
 		}
 		cJSON_AddNumberToObject(j, "workers_flushed", (double)nok);
+		for (i = 0; i < fo->fo_n; i++)
+			ngrpc += fo->fo_parts[i].fp_grpc;
 		cJSON_AddNumberToObject(j, "total_http_workers",
-		    (double)fo->fo_n);
+		    (double)(fo->fo_n - ngrpc));
+		if (ngrpc > 0)
+			cJSON_AddNumberToObject(j, "total_grpc_workers",
+			    (double)ngrpc);
 	}
 	fo->fo_conn = NULL;
 	conn_json(c, status, j, fo->fo_id);

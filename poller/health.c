@@ -7,7 +7,8 @@
  * Each result goes to the broker as a HealthReport, which applies the
  * failure/success thresholds. The first probe of a worker comes one
  * interval after the poller first sees it Ready or NotReady (registration
- * has just checked it).
+ * has just checked it). A grpc:// worker is probed with its engine's
+ * HealthCheck instead (workers.md §4.1): a healthy answer passes.
  */
 #include "poller/poller.h"
 
@@ -21,6 +22,11 @@
 #define HEALTH_BODY_MAX 4096
 
 static void health_done_cb(void *, const struct http_client_result *);
+static void health_grpc_msg_cb(void *, const uint8_t *, size_t);
+static void health_grpc_close_cb(void *, const struct grpc_status *);
+static void health_grpc_detect_cb(struct pworker *, bool, const char *);
+static void health_report(struct pworker *, bool, const char *);
+static void health_grpc_start(struct pworker *);
 
 void
 health_tick(struct pworker *pw, uint64_t now)
@@ -44,16 +50,100 @@ health_tick(struct pworker *pw, uint64_t now)
 	}
 	if (hs->hs_req != NULL || now < hs->hs_next_ms)
 		return;
+	if (hs->hs_call != NULL || hs->hs_detecting)
+		return;
 	hs->hs_next_ms = now + interval;
+	if (rpc_is_grpc_url(pw->pw_url)) {
+		health_grpc_start(pw);
+		return;
+	}
 	hs->hs_req = http_client_get(p->p_loop, p->p_tls, pw->pw_url,
 	    cf->cf_health_check_endpoint, pw->pw_api_key,
 	    (double)cf->cf_health_check_timeout_secs, HEALTH_BODY_MAX,
 	    health_done_cb, pw);
 }
 
+/*
+ * grpc:// workers: HealthCheck on the engine's service (a healthy answer
+ * passes); with no engine learnt yet (the poller restarted), detection
+ * does the probe and learns it.
+ */
+static void
+health_grpc_start(struct pworker *pw)
+{
+	struct health_state *hs = &pw->pw_health;
+	Sglang__Grpc__Scheduler__HealthCheckRequest req =
+	    SGLANG__GRPC__SCHEDULER__HEALTH_CHECK_REQUEST__INIT;
+
+	if (rpc_runtime(pw) == NULL) {
+		hs->hs_detecting = rpc_detect(pw, health_grpc_detect_cb) == 0;
+		if (!hs->hs_detecting)
+			health_report(pw, false,
+			    "cannot start gRPC HealthCheck");
+		return;
+	}
+	hs->hs_passed = false;
+	hs->hs_detail[0] = '\0';
+	hs->hs_call = rpc_call(pw, RPC_HEALTH_CHECK, &req.base,
+	    (double)pw->pw_poller->p_cf->cf_health_check_timeout_secs,
+	    health_grpc_msg_cb, health_grpc_close_cb, pw);
+	if (hs->hs_call == NULL)
+		health_report(pw, false, "cannot start gRPC HealthCheck");
+}
+
+static void
+health_grpc_detect_cb(struct pworker *pw, bool ok, const char *detail)
+{
+	pw->pw_health.hs_detecting = false;
+	health_report(pw, ok, ok ? "healthy" : detail);
+}
+
+static void
+health_grpc_msg_cb(void *arg, const uint8_t *msg, size_t len)
+{
+	struct health_state *hs = &((struct pworker *)arg)->pw_health;
+	Sglang__Grpc__Scheduler__HealthCheckResponse *r;
+
+	r = sglang__grpc__scheduler__health_check_response__unpack(NULL, len,
+	    msg);
+	if (r == NULL) {
+		snprintf(hs->hs_detail, sizeof(hs->hs_detail),
+		    "HealthCheckResponse does not decode");
+		return;
+	}
+	hs->hs_passed = r->has_healthy && r->healthy;
+	snprintf(hs->hs_detail, sizeof(hs->hs_detail), "%s%s%s",
+	    hs->hs_passed ? "healthy" : "not healthy",
+	    r->message != NULL && r->message[0] != '\0' ? ": " : "",
+	    r->message != NULL ? r->message : "");
+	sglang__grpc__scheduler__health_check_response__free_unpacked(r, NULL);
+}
+
+static void
+health_grpc_close_cb(void *arg, const struct grpc_status *st)
+{
+	struct pworker *pw = arg;
+	struct health_state *hs = &pw->pw_health;
+	char detail[sizeof(hs->hs_detail)];
+
+	hs->hs_call = NULL;
+	if (st->gs_code != GRPC_OK) {
+		snprintf(detail, sizeof(detail), "HealthCheck: %s: %s",
+		    grpc_code_name(st->gs_code), st->gs_message);
+		health_report(pw, false, detail);
+		return;
+	}
+	snprintf(detail, sizeof(detail), "%s",
+	    hs->hs_detail[0] ? hs->hs_detail : "no HealthCheckResponse");
+	health_report(pw, hs->hs_passed, detail);
+}
+
 void
 health_stop(struct pworker *pw)
 {
+	grpc_call_cancel(pw->pw_health.hs_call);
+	if (pw->pw_health.hs_detecting)
+		rpc_detect_cancel(pw);
 	http_client_cancel(pw->pw_health.hs_req);
 	memset(&pw->pw_health, 0, sizeof(pw->pw_health));
 }
@@ -62,8 +152,6 @@ static void
 health_done_cb(void *arg, const struct http_client_result *res)
 {
 	struct pworker *pw = arg;
-	Smg__PollerMsg m = SMG__POLLER_MSG__INIT;
-	Smg__HealthReport h = SMG__HEALTH_REPORT__INIT;
 	char detail[96];
 	bool passed;
 
@@ -75,16 +163,29 @@ health_done_cb(void *arg, const struct http_client_result *res)
 		    http_client_strerror(res->hr_error));
 	else
 		snprintf(detail, sizeof(detail), "status %d", res->hr_status);
+	health_report(pw, passed, detail);
+}
+
+/* The one exit of a probe, whatever its transport. */
+static void
+health_report(struct pworker *pw, bool passed, const char *detail)
+{
+	Smg__PollerMsg m = SMG__POLLER_MSG__INIT;
+	Smg__HealthReport h = SMG__HEALTH_REPORT__INIT;
+
 	if (!passed)
 		log_info("%s: %s%s failed: %s", __func__, pw->pw_url,
-		    pw->pw_poller->p_cf->cf_health_check_endpoint, detail);
+		    rpc_is_grpc_url(pw->pw_url)
+		        ? ""
+		        : pw->pw_poller->p_cf->cf_health_check_endpoint,
+		    detail);
 	else
 		log_debug("%s: %s passed", __func__, pw->pw_url);
 	h.worker_slot = pw->pw_slot;
 	h.worker_generation = pw->pw_generation;
 	h.worker_url = pw->pw_url;
 	h.passed = passed;
-	h.detail = detail;
+	h.detail = (char *)detail;
 	m.body_case = SMG__POLLER_MSG__BODY_HEALTH;
 	m.health = &h;
 	(void)report_send(pw->pw_poller, &m);

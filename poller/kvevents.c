@@ -5,6 +5,10 @@
  * socket on the libev loop, decodes each msgpack batch, applies the
  * sequence rules of §6.4 and forwards the events to the broker as a
  * KvEventBatch. Only DP rank 0 (the endpoint as given) is subscribed.
+ * Workers reached over gRPC (grpc:// URL, or the grpc_endpoint label)
+ * stream the same events with SubscribeKvEvents (§5, §5.1) when a
+ * cache_aware policy consumes them; both forms reach the broker through
+ * kv_forward with the same sequence rules.
  */
 #include "poller/poller.h"
 
@@ -20,12 +24,14 @@
 #include "shared/config.h"
 #include "shared/log.h"
 
-#define KV_DEFAULT_ENDPOINT "tcp://*:5557"
-#define KV_DRAIN_MAX        256 /* messages per wake-up, then yield */
-#define KV_RCVHWM           10000
-#define KV_PROBE_RETRY_MS   10000
-#define KV_TIMEOUT_SECS     5.0
-#define KV_SEQ_LEN          8
+#define KV_DEFAULT_ENDPOINT      "tcp://*:5557"
+#define KV_DRAIN_MAX             256 /* messages per wake-up, then yield */
+#define KV_RCVHWM                10000
+#define KV_PROBE_RETRY_MS        10000
+#define KV_TIMEOUT_SECS          5.0
+#define KV_SEQ_LEN               8
+#define KV_STREAM_BACKOFF_MIN_MS 100
+#define KV_STREAM_BACKOFF_MAX_MS 30000
 
 static const msgpack_object *kv_map_get(const msgpack_object *, const char *);
 static bool kv_str_is(const msgpack_object *, const char *);
@@ -38,6 +44,13 @@ static void kv_io_cb(struct ev_loop *, ev_io *, int);
 static void kv_message(struct pworker *, zmq_msg_t *, size_t);
 static void kv_probe(struct pworker *, const char *);
 static void kv_probe_cb(void *, const struct http_client_result *);
+static void kv_forward(struct pworker *, uint64_t, enum kvevents_verdict,
+    Smg__KvEventBatch *);
+static bool kv_grpc_wanted(const struct config *);
+static void kv_grpc_tick(struct pworker *, uint64_t);
+static void kv_grpc_msg_cb(void *, const uint8_t *, size_t);
+static void kv_grpc_close_cb(void *, const struct grpc_status *);
+static void kv_grpc_open_cb(void *);
 
 /* ------------------------------------------------------------ decoding */
 
@@ -299,6 +312,145 @@ kvevents_decode(const void *buf, size_t len, Smg__KvEventBatch *b)
 out:
 	msgpack_unpacked_destroy(&u);
 	return rv;
+}
+
+/* ------------------------------------------------------------ gRPC form */
+
+/* Appends one stored event of blocks[from, to) (equal sizes). */
+static int
+kv_grpc_stored(Smg__KvEventBatch *out, Smg__KvEvent **events,
+    Smg__Grpc__Common__KvBlock *const *blocks, size_t from, size_t to,
+    bool has_parent, int64_t parent)
+{
+	Smg__KvEvent *e;
+	Smg__KvBlocksStored *st;
+	size_t i, per = blocks[from]->n_token_ids, k = 0;
+
+	if ((e = calloc(1, sizeof(*e))) == NULL)
+		return -1;
+	smg__kv_event__init(e);
+	events[out->n_events++] = e;
+	if ((st = calloc(1, sizeof(*st))) == NULL)
+		return -1;
+	smg__kv_blocks_stored__init(st);
+	e->data_case = SMG__KV_EVENT__DATA_STORED;
+	e->stored = st;
+	st->has_parent = has_parent;
+	st->parent_block_hash = parent;
+	st->block_size = (uint32_t)per;
+	if ((st->block_hashes = calloc(to - from, sizeof(int64_t))) == NULL)
+		return -1;
+	st->n_block_hashes = to - from;
+	if (per > 0 &&
+	    (st->token_ids = calloc((to - from) * per, sizeof(uint32_t))) ==
+	        NULL)
+		return -1;
+	for (i = from; i < to; i++) {
+		st->block_hashes[i - from] = blocks[i]->block_hash;
+		if (per == 0)
+			continue;
+		memcpy(st->token_ids + k, blocks[i]->token_ids,
+		    per * sizeof(uint32_t));
+		k += per;
+	}
+	st->n_token_ids = k;
+	return 0;
+}
+
+int
+kvevents_from_grpc(const Smg__Grpc__Common__KvEventBatch *in,
+    Smg__KvEventBatch *out)
+{
+	Smg__KvEvent **events, *e;
+	size_t i, j, from, cap = 0;
+
+	out->events = NULL;
+	out->n_events = 0;
+	for (i = 0; i < in->n_events; i++) {
+		const Smg__Grpc__Common__KvCacheEvent *ge = in->events[i];
+
+		/* A stored event may split at each change of block size. */
+		if (ge->data_case ==
+		        SMG__GRPC__COMMON__KV_CACHE_EVENT__DATA_STORED &&
+		    ge->stored != NULL)
+			cap += ge->stored->n_blocks;
+		else
+			cap++;
+	}
+	if (cap == 0)
+		return 0;
+	if ((events = calloc(cap, sizeof(*events))) == NULL)
+		return -1;
+	out->events = events;
+	for (i = 0; i < in->n_events; i++) {
+		const Smg__Grpc__Common__KvCacheEvent *ge = in->events[i];
+
+		switch (ge->data_case) {
+		case SMG__GRPC__COMMON__KV_CACHE_EVENT__DATA_STORED: {
+			const Smg__Grpc__Common__KvBlocksStored *gs =
+			    ge->stored;
+			bool hp = gs->has_parent_block_hash;
+			int64_t parent = gs->parent_block_hash;
+
+			for (from = 0, j = 1; from < gs->n_blocks; j++) {
+				if (j < gs->n_blocks &&
+				    gs->blocks[j]->n_token_ids ==
+				        gs->blocks[from]->n_token_ids)
+					continue;
+				if (kv_grpc_stored(out, events, gs->blocks,
+				        from, j, hp, parent) == -1)
+					goto fail;
+				/* The next run hangs off this one's last. */
+				hp = true;
+				parent = gs->blocks[j - 1]->block_hash;
+				from = j;
+			}
+			break;
+		}
+		case SMG__GRPC__COMMON__KV_CACHE_EVENT__DATA_REMOVED: {
+			const Smg__Grpc__Common__KvBlocksRemoved *gr =
+			    ge->removed;
+
+			if ((e = calloc(1, sizeof(*e))) == NULL)
+				goto fail;
+			smg__kv_event__init(e);
+			events[out->n_events++] = e;
+			if ((e->removed = calloc(1, sizeof(*e->removed))) ==
+			    NULL)
+				goto fail;
+			smg__kv_blocks_removed__init(e->removed);
+			e->data_case = SMG__KV_EVENT__DATA_REMOVED;
+			if (gr->n_block_hashes > 0) {
+				e->removed->block_hashes =
+				    calloc(gr->n_block_hashes, sizeof(int64_t));
+				if (e->removed->block_hashes == NULL)
+					goto fail;
+				memcpy(e->removed->block_hashes,
+				    gr->block_hashes,
+				    gr->n_block_hashes * sizeof(int64_t));
+				e->removed->n_block_hashes = gr->n_block_hashes;
+			}
+			break;
+		}
+		case SMG__GRPC__COMMON__KV_CACHE_EVENT__DATA_CLEARED:
+			if ((e = calloc(1, sizeof(*e))) == NULL)
+				goto fail;
+			smg__kv_event__init(e);
+			events[out->n_events++] = e;
+			if ((e->cleared = calloc(1, sizeof(*e->cleared))) ==
+			    NULL)
+				goto fail;
+			smg__kv_cache_cleared__init(e->cleared);
+			e->data_case = SMG__KV_EVENT__DATA_CLEARED;
+			break;
+		default:
+			break; /* an event kind newer than ours */
+		}
+	}
+	return 0;
+fail:
+	kvevents_batch_clear(out);
+	return -1;
 }
 
 /* ------------------------------------------------------------ sequence */
@@ -579,7 +731,6 @@ static void
 kv_message(struct pworker *pw, zmq_msg_t *frames, size_t nframes)
 {
 	struct kvevents_state *ks = &pw->pw_kv;
-	Smg__PollerMsg m = SMG__POLLER_MSG__INIT;
 	Smg__KvEventBatch b = SMG__KV_EVENT_BATCH__INIT;
 	const unsigned char *sp;
 	enum kvevents_verdict v;
@@ -608,22 +759,177 @@ kv_message(struct pworker *pw, zmq_msg_t *frames, size_t nframes)
 		ks->ks_seq.kq_reset_next = true;
 		return;
 	}
+	kv_forward(pw, seq, v, &b);
+	kvevents_batch_clear(&b);
+}
+
+/* The one exit of a batch, whatever its transport. */
+static void
+kv_forward(struct pworker *pw, uint64_t seq, enum kvevents_verdict v,
+    Smg__KvEventBatch *b)
+{
+	struct kvevents_state *ks = &pw->pw_kv;
+	Smg__PollerMsg m = SMG__POLLER_MSG__INIT;
+
 	if (v == KVEVENTS_RESET && ks->ks_batches > 0)
 		log_info("%s: %s: batch %llu after a gap or restart; the "
 		         "worker's blocks are reset",
 		    __func__, pw->pw_url, (unsigned long long)seq);
-	b.worker_slot = pw->pw_slot;
-	b.worker_generation = pw->pw_generation;
-	b.worker_url = pw->pw_url;
-	b.sequence = seq;
-	b.reset = v == KVEVENTS_RESET;
+	b->worker_slot = pw->pw_slot;
+	b->worker_generation = pw->pw_generation;
+	b->worker_url = pw->pw_url;
+	b->sequence = seq;
+	b->reset = v == KVEVENTS_RESET;
 	m.body_case = SMG__POLLER_MSG__BODY_KV_EVENTS;
-	m.kv_events = &b;
+	m.kv_events = b;
 	if (report_send(pw->pw_poller, &m) == -1)
 		ks->ks_seq.kq_reset_next = true;
 	else
 		ks->ks_batches++;
-	kvevents_batch_clear(&b);
+}
+
+/* ------------------------------------------------------------ gRPC stream */
+
+/* §5.1: subscriptions exist only where cache_aware consumes them. */
+static bool
+kv_grpc_wanted(const struct config *cf)
+{
+	bool pd = cf->cf_pd_disaggregation || cf->cf_epd_disaggregation;
+
+	return cf->cf_policy == POLICY_CACHE_AWARE ||
+	    (pd &&
+	        (cf->cf_prefill_policy == POLICY_CACHE_AWARE ||
+	            cf->cf_decode_policy == POLICY_CACHE_AWARE));
+}
+
+static void
+kv_grpc_tick(struct pworker *pw, uint64_t now)
+{
+	struct kvevents_state *ks = &pw->pw_kv;
+	Smg__Grpc__Common__SubscribeKvEventsRequest req =
+	    SMG__GRPC__COMMON__SUBSCRIBE_KV_EVENTS_REQUEST__INIT;
+
+	if (ks->ks_stream != NULL || now < ks->ks_stream_next_ms ||
+	    !rpc_ready(pw))
+		return;
+	if (!rpc_engine_has(pw, RPC_SUBSCRIBE_KV_EVENTS)) {
+		log_info("%s: %s: the %s engine streams no KV events; "
+		         "cache_aware uses its tree for it",
+		    __func__, pw->pw_url, rpc_runtime(pw));
+		ks->ks_stream_off = true;
+		return;
+	}
+	/* The bridges do not replay (§5): a resubscription that missed
+	 * batches shows as a gap, which resets the worker's blocks. */
+	req.has_start_sequence_number = true;
+	req.start_sequence_number = ks->ks_seq.kq_have ? ks->ks_seq.kq_last : 0;
+	ks->ks_stream_up = false;
+	ks->ks_stream = rpc_call(pw, RPC_SUBSCRIBE_KV_EVENTS, &req.base, 0,
+	    kv_grpc_msg_cb, kv_grpc_close_cb, pw);
+	if (ks->ks_stream == NULL) {
+		ks->ks_stream_next_ms = now + KV_PROBE_RETRY_MS;
+		return;
+	}
+	grpc_call_on_open(ks->ks_stream, kv_grpc_open_cb);
+	log_debug("%s: %s: SubscribeKvEvents from %llu", __func__, pw->pw_url,
+	    (unsigned long long)req.start_sequence_number);
+}
+
+/* The server took the subscription: the stream is up. */
+static void
+kv_grpc_open_cb(void *arg)
+{
+	struct pworker *pw = arg;
+	struct kvevents_state *ks = &pw->pw_kv;
+
+	ks->ks_stream_up = true;
+	ks->ks_stream_backoff_ms = 0;
+	log_info("%s: %s: subscribed to KV events on %s", __func__, pw->pw_url,
+	    pw->pw_rpc.rs_target);
+}
+
+static void
+kv_grpc_msg_cb(void *arg, const uint8_t *msg, size_t len)
+{
+	struct pworker *pw = arg;
+	struct kvevents_state *ks = &pw->pw_kv;
+	Smg__Grpc__Common__KvEventBatch *gb;
+	Smg__KvEventBatch b = SMG__KV_EVENT_BATCH__INIT;
+	enum kvevents_verdict v;
+	uint64_t seq;
+
+	if ((gb = smg__grpc__common__kv_event_batch__unpack(NULL, len, msg)) ==
+	    NULL) {
+		log_warnx("%s: %s: a KvEventBatch does not decode; dropped",
+		    __func__, pw->pw_url);
+		ks->ks_seq.kq_reset_next = true;
+		return;
+	}
+	seq = gb->sequence_number;
+	if ((v = kvevents_sequence(&ks->ks_seq, seq)) == KVEVENTS_SKIP) {
+		log_debug("%s: %s: batch %llu skipped (last %llu)", __func__,
+		    pw->pw_url, (unsigned long long)seq,
+		    (unsigned long long)ks->ks_seq.kq_last);
+	} else if (kvevents_from_grpc(gb, &b) == -1) {
+		log_warnx("%s: %s: batch %llu: out of memory; dropped",
+		    __func__, pw->pw_url, (unsigned long long)seq);
+		ks->ks_seq.kq_reset_next = true;
+	} else {
+		kv_forward(pw, seq, v, &b);
+		kvevents_batch_clear(&b);
+	}
+	smg__grpc__common__kv_event_batch__free_unpacked(gb, NULL);
+}
+
+static void
+kv_grpc_close_cb(void *arg, const struct grpc_status *st)
+{
+	struct pworker *pw = arg;
+	struct kvevents_state *ks = &pw->pw_kv;
+	Smg__KvEventBatch b = SMG__KV_EVENT_BATCH__INIT;
+	uint64_t now = shm_now_ms();
+	bool was_up = ks->ks_stream_up;
+
+	ks->ks_stream = NULL;
+	ks->ks_stream_up = false;
+	switch (st->gs_code) {
+	case GRPC_UNIMPLEMENTED:
+		log_info("%s: %s: SubscribeKvEvents unimplemented (%s); "
+		         "cache_aware uses its tree for this worker",
+		    __func__, pw->pw_url, st->gs_message);
+		ks->ks_stream_off = true;
+		if (ks->ks_batches > 0)
+			kv_forward(pw, ks->ks_seq.kq_last, KVEVENTS_RESET, &b);
+		memset(&ks->ks_seq, 0, sizeof(ks->ks_seq));
+		return;
+	case GRPC_OUT_OF_RANGE:
+	case GRPC_DATA_LOSS:
+		/* The engine lost track: start over, now. */
+		log_info("%s: %s: KV event stream: %s: %s; resubscribing",
+		    __func__, pw->pw_url, grpc_code_name(st->gs_code),
+		    st->gs_message);
+		memset(&ks->ks_seq, 0, sizeof(ks->ks_seq));
+		ks->ks_stream_next_ms = now;
+		return;
+	default:
+		break;
+	}
+	if (was_up || ks->ks_stream_backoff_ms == 0)
+		ks->ks_stream_backoff_ms = KV_STREAM_BACKOFF_MIN_MS;
+	else if ((ks->ks_stream_backoff_ms *= 2) > KV_STREAM_BACKOFF_MAX_MS)
+		ks->ks_stream_backoff_ms = KV_STREAM_BACKOFF_MAX_MS;
+	ks->ks_stream_next_ms = now + ks->ks_stream_backoff_ms;
+	if (was_up)
+		log_info("%s: %s: KV event stream ended: %s: %s; resubscribing "
+		         "with backoff",
+		    __func__, pw->pw_url, grpc_code_name(st->gs_code),
+		    st->gs_message);
+	else
+		log_debug("%s: %s: SubscribeKvEvents: %s: %s; again in %llu "
+		          "ms",
+		    __func__, pw->pw_url, grpc_code_name(st->gs_code),
+		    st->gs_message,
+		    (unsigned long long)ks->ks_stream_backoff_ms);
 }
 
 void
@@ -637,10 +943,19 @@ kvevents_tick(struct pworker *pw, uint64_t now)
 	live = pw->pw_status == SHM_WORKER_READY ||
 	    pw->pw_status == SHM_WORKER_NOT_READY;
 	if (!live) {
-		if (ks->ks_sock != NULL || ks->ks_req != NULL)
+		if (ks->ks_sock != NULL || ks->ks_req != NULL ||
+		    ks->ks_stream != NULL)
 			kvevents_stop(pw);
 		return;
 	}
+	/* gRPC events first; a side channel without them falls back to ZMQ. */
+	if (rpc_target(pw) != NULL && !ks->ks_stream_off &&
+	    kv_grpc_wanted(pw->pw_poller->p_cf)) {
+		kv_grpc_tick(pw, now);
+		return;
+	}
+	if (rpc_is_grpc_url(pw->pw_url))
+		return;
 	if (pw->pw_kv_label[0] != '\0')
 		want = pw->pw_kv_label;
 	else if (ks->ks_probe == KVEVENTS_PROBE_DONE) {
@@ -691,6 +1006,7 @@ kvevents_stop(struct pworker *pw)
 		    ks->ks_endpoint);
 	}
 	http_client_cancel(ks->ks_req);
+	grpc_call_cancel(ks->ks_stream);
 	memset(ks, 0, sizeof(*ks));
 }
 

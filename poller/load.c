@@ -41,6 +41,9 @@ static void load_gauges(struct pworker *pw, const Smg__RankLoad *ranks,
 static void load_gauge_set(struct pworker *, const char *, int32_t, double,
     bool);
 static bool load_policy_consumes(enum policy_kind k);
+static bool load_grpc_fetch(struct pworker *pw);
+static void load_grpc_msg_cb(void *arg, const uint8_t *msg, size_t len);
+static void load_grpc_close_cb(void *arg, const struct grpc_status *st);
 
 /* ------------------------------------------------------------ parsers */
 
@@ -169,19 +172,37 @@ load_tick(struct pworker *pw, uint64_t now)
 {
 	struct poller *p = pw->pw_poller;
 	struct load_state *ls = &pw->pw_load;
+	uint64_t iv;
 
-	if (!p->p_load_on)
+	/* A worker whose spec sets an overload veto is polled regardless. */
+	if (!p->p_load_on && !pw->pw_overload_on)
 		return;
 	if (pw->pw_status != SHM_WORKER_READY) {
 		if (ls->ls_req != NULL || ls->ls_next_ms != 0)
 			load_stop(pw);
 		return;
 	}
-	if (ls->ls_req != NULL || now < ls->ls_next_ms)
+	iv = pw->pw_load_interval_ms ? pw->pw_load_interval_ms
+	                             : p->p_load_interval_ms;
+	/* A period lowered meanwhile takes effect now, not after the old. */
+	if (ls->ls_next_ms > now + iv)
+		ls->ls_next_ms = now + iv;
+	if (ls->ls_req != NULL || ls->ls_call != NULL || now < ls->ls_next_ms)
 		return;
 	/* First poll as soon as the worker is Ready, then every interval. */
-	ls->ls_next_ms = now + p->p_load_interval_ms;
-	if (!ls->ls_absent)
+	ls->ls_next_ms = now + iv;
+	if (rpc_target(pw) != NULL && !ls->ls_grpc_absent) {
+		if (load_grpc_fetch(pw))
+			return;
+		if (!rpc_ready(pw)) {
+			/* Engine not learnt yet: soon again. */
+			ls->ls_next_ms = now + 1000;
+			return;
+		}
+	}
+	if (rpc_is_grpc_url(pw->pw_url))
+		load_report(pw, NULL, 0, ""); /* no HTTP to fall back to */
+	else if (!ls->ls_absent)
 		load_fetch(pw, LOAD_LOADS);
 	else if (load_fallback_allowed(pw))
 		load_fetch(pw, LOAD_METRICS);
@@ -193,15 +214,21 @@ void
 load_stop(struct pworker *pw)
 {
 	struct load_state *ls = &pw->pw_load;
-	bool absent = ls->ls_absent;
+	bool absent = ls->ls_absent, grpc_absent;
 
 	http_client_cancel(ls->ls_req);
 	ls->ls_req = NULL;
+	grpc_call_cancel(ls->ls_call);
+	ls->ls_call = NULL;
+	free(ls->ls_grpc_msg);
 	/* Not Ready or gone: its engine gauges say nothing any more. */
 	if (ls->ls_gauge_ranks > 0)
 		load_gauges(pw, NULL, 0);
+	grpc_absent = ls->ls_grpc_absent;
 	memset(ls, 0, sizeof(*ls));
-	ls->ls_absent = absent; /* the memo lasts until the worker goes */
+	/* The memos last until the worker goes. */
+	ls->ls_absent = absent;
+	ls->ls_grpc_absent = grpc_absent;
 }
 
 static bool
@@ -293,6 +320,95 @@ load_done_cb(void *arg, const struct http_client_result *res)
 		load_fetch(pw, LOAD_METRICS);
 	else
 		load_report(pw, NULL, 0, "");
+}
+
+/*
+ * GetLoads with SMG's include list (§4.1) on the worker's gRPC target.
+ * Returns false when it cannot run now (engine not learnt, or one that
+ * serves no GetLoads: then GetLoads counts as absent).
+ */
+static bool
+load_grpc_fetch(struct pworker *pw)
+{
+	static char *include[] = { "core", "disagg", "queues", "memory" };
+	struct load_state *ls = &pw->pw_load;
+	Sglang__Grpc__Scheduler__GetLoadsRequest req =
+	    SGLANG__GRPC__SCHEDULER__GET_LOADS_REQUEST__INIT;
+
+	if (!rpc_ready(pw))
+		return false;
+	if (!rpc_engine_has(pw, RPC_GET_LOADS)) {
+		log_info("%s: %s: the %s engine serves no GetLoads", __func__,
+		    pw->pw_url, rpc_runtime(pw));
+		ls->ls_grpc_absent = true;
+		return false;
+	}
+	req.include = include;
+	req.n_include = sizeof(include) / sizeof(include[0]);
+	ls->ls_call = rpc_call(pw, RPC_GET_LOADS, &req.base, LOAD_TIMEOUT_SECS,
+	    load_grpc_msg_cb, load_grpc_close_cb, pw);
+	return ls->ls_call != NULL;
+}
+
+/* Kept until the call's status says whether it counts. */
+static void
+load_grpc_msg_cb(void *arg, const uint8_t *msg, size_t len)
+{
+	struct load_state *ls = &((struct pworker *)arg)->pw_load;
+
+	free(ls->ls_grpc_msg);
+	ls->ls_grpc_len = 0;
+	if ((ls->ls_grpc_msg = malloc(len + 1)) == NULL)
+		return;
+	memcpy(ls->ls_grpc_msg, msg, len);
+	ls->ls_grpc_len = len;
+}
+
+static void
+load_grpc_close_cb(void *arg, const struct grpc_status *st)
+{
+	static Smg__RankLoad ranks[LOAD_MAX_RANKS];
+	struct pworker *pw = arg;
+	struct load_state *ls = &pw->pw_load;
+	uint8_t *msg = ls->ls_grpc_msg;
+	size_t len = ls->ls_grpc_len, n = 0;
+	int parse = LOAD_PARSE_NOT_LOADS;
+
+	ls->ls_call = NULL;
+	ls->ls_grpc_msg = NULL;
+	ls->ls_grpc_len = 0;
+	if (st->gs_code == GRPC_OK && msg != NULL)
+		parse = rpc_parse_loads(msg, len, ranks, LOAD_MAX_RANKS, &n);
+	free(msg);
+	if (st->gs_code == GRPC_UNIMPLEMENTED) {
+		ls->ls_grpc_absent = true;
+		log_info("%s: %s: GetLoads unimplemented (%s)%s", __func__,
+		    pw->pw_url, st->gs_message,
+		    rpc_is_grpc_url(pw->pw_url) ? "; no load reports"
+		                                : "; using HTTP");
+		load_report(pw, NULL, 0, "");
+		return;
+	}
+	if (st->gs_code != GRPC_OK) {
+		log_debug("%s: %s: GetLoads: %s: %s", __func__, pw->pw_url,
+		    grpc_code_name(st->gs_code), st->gs_message);
+		load_report(pw, NULL, 0, "");
+		return;
+	}
+	switch (parse) {
+	case LOAD_PARSE_REPORT:
+		load_report(pw, ranks, n, "grpc");
+		return;
+	case LOAD_PARSE_EMPTY:
+		log_debug("%s: %s: empty GetLoads response", __func__,
+		    pw->pw_url);
+		return;
+	default:
+		log_info("%s: %s: GetLoads answer missing or undecodable",
+		    __func__, pw->pw_url);
+		load_report(pw, NULL, 0, "");
+		return;
+	}
 }
 
 /* ------------------------------------------------------------ reports */

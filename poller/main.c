@@ -4,8 +4,8 @@
  * One libev loop. Every 200 ms it stamps its shm heartbeat and scans the
  * worker table; each slot's registration (register.c), health (health.c)
  * and load (load.c) schedules and its KV-event subscription (kvevents.c)
- * run from that scan; HTTP requests and ZMQ messages complete on the
- * loop. Findings reach the broker through report.c.
+ * run from that scan; HTTP requests, gRPC calls (rpc.c) and ZMQ messages
+ * complete on the loop. Findings reach the broker through report.c.
  * SIGTERM/SIGINT stop the loop: in-flight probes are dropped and the
  * process exits 0.
  */
@@ -30,7 +30,9 @@
 static void poller_scan_cb(struct ev_loop *, ev_timer *, int);
 static void poller_signal_cb(struct ev_loop *, ev_signal *, int);
 static void poller_scan_slot(struct poller *, unsigned, uint64_t);
-static struct tls_ctx *poller_tls_new(const struct config *);
+static struct tls_ctx *poller_tls_new(const struct config *, bool);
+static void poller_stop_slot(struct pworker *);
+static void poller_group_intervals(struct poller *);
 
 int
 main(int argc, char *argv[])
@@ -72,7 +74,8 @@ main(int argc, char *argv[])
 	if ((p->p_reports = ipc_client_new(loop, url, IPC_CLIENT_PUSH, 0)) ==
 	    NULL)
 		fatalx("%s: cannot dial %s", __func__, url);
-	p->p_tls = poller_tls_new(&cf);
+	p->p_tls = poller_tls_new(&cf, false);
+	p->p_grpc_tls = poller_tls_new(&cf, true);
 	p->p_load_on = load_wanted(&cf);
 	p->p_load_interval_ms = (uint64_t)cf.cf_load_monitor_interval * 1000;
 
@@ -102,15 +105,12 @@ main(int argc, char *argv[])
 		    __func__);
 	ev_run(loop, 0);
 
-	for (i = 0; i < SHM_MAX_WORKERS; i++) {
-		register_stop(&p->p_workers[i]);
-		health_stop(&p->p_workers[i]);
-		load_stop(&p->p_workers[i]);
-		kvevents_stop(&p->p_workers[i]);
-	}
+	for (i = 0; i < SHM_MAX_WORKERS; i++)
+		poller_stop_slot(&p->p_workers[i]);
 	kvevents_shutdown(p);
 	ipc_client_free(p->p_reports);
 	tls_ctx_free(p->p_tls);
+	tls_ctx_free(p->p_grpc_tls);
 	shm_row_release(p->p_shm, SHM_ROW_POLLER);
 	shm_close(p->p_shm);
 	free(p);
@@ -121,12 +121,15 @@ main(int argc, char *argv[])
 }
 
 /*
- * The client context for https:// workers. Without one (no CA store, bad
- * files) https:// workers are probed as failed, which the log explains.
+ * The client context for https:// workers (h2: for grpcs://, offering
+ * ALPN "h2" only, a context of its own so HTTP/1.1 servers are not asked
+ * for h2). Without one (no CA store, bad files) those workers are probed
+ * as failed, which the log explains.
  */
 static struct tls_ctx *
-poller_tls_new(const struct config *cf)
+poller_tls_new(const struct config *cf, bool h2)
 {
+	static const char *alpn_h2[] = { "h2", NULL };
 	const char **cas;
 	struct tls_ctx *ctx;
 	size_t i;
@@ -137,11 +140,26 @@ poller_tls_new(const struct config *cf)
 	ctx = tls_ctx_new_client(cas, cf->cf_client_cert_path,
 	    cf->cf_client_key_path);
 	free(cas);
+	if (ctx != NULL && h2 && tls_ctx_set_alpn(ctx, alpn_h2) == -1) {
+		tls_ctx_free(ctx);
+		ctx = NULL;
+	}
 	if (ctx == NULL)
-		log_warnx("%s: no TLS client context; https:// workers will "
+		log_warnx("%s: no TLS client context; %s workers will "
 		          "fail their probes",
-		    __func__);
+		    __func__, h2 ? "grpcs://" : "https://");
 	return ctx;
+}
+
+/* Ends everything of a slot; the channel last, after its calls. */
+static void
+poller_stop_slot(struct pworker *pw)
+{
+	register_stop(pw);
+	health_stop(pw);
+	load_stop(pw);
+	kvevents_stop(pw);
+	rpc_stop(pw);
 }
 
 static void
@@ -163,8 +181,45 @@ poller_scan_cb(struct ev_loop *loop, ev_timer *w, int revents)
 	(void)revents;
 	shm_heartbeat(p->p_shm, SHM_ROW_POLLER);
 	now = shm_now_ms();
+	poller_group_intervals(p);
 	for (i = 0; i < SHM_MAX_WORKERS; i++)
 		poller_scan_slot(p, i, now);
+}
+
+/*
+ * gateway.md §9.1: a worker spec's load_monitor_interval_secs lowers the
+ * period of its group (model, worker type, connection mode): the group
+ * polls at the minimum of the global interval and its members' own.
+ * Uses the previous scan's view of the slots, a tick late at worst.
+ */
+static void
+poller_group_intervals(struct poller *p)
+{
+	static unsigned own[SHM_MAX_WORKERS];
+	unsigned i, j, n = 0;
+	uint64_t ms;
+
+	for (i = 0; i < SHM_MAX_WORKERS; i++) {
+		struct pworker *pw = &p->p_workers[i];
+
+		pw->pw_load_interval_ms = p->p_load_interval_ms;
+		if (pw->pw_in_use && pw->pw_own_interval_secs > 0)
+			own[n++] = i;
+	}
+	for (j = 0; j < n; j++) {
+		const struct pworker *o = &p->p_workers[own[j]];
+
+		ms = (uint64_t)o->pw_own_interval_secs * 1000;
+		for (i = 0; i < SHM_MAX_WORKERS; i++) {
+			struct pworker *pw = &p->p_workers[i];
+
+			if (pw->pw_in_use && pw->pw_type == o->pw_type &&
+			    pw->pw_mode == o->pw_mode &&
+			    ms < pw->pw_load_interval_ms &&
+			    strcmp(pw->pw_model, o->pw_model) == 0)
+				pw->pw_load_interval_ms = ms;
+		}
+	}
 }
 
 /* Syncs the poller's view of one slot, then runs its schedules. */
@@ -176,10 +231,7 @@ poller_scan_slot(struct poller *p, unsigned slot, uint64_t now)
 
 	if (shm_worker_read(p->p_shm, slot, &w) == -1) {
 		if (pw->pw_in_use) {
-			register_stop(pw);
-			health_stop(pw);
-			load_stop(pw);
-			kvevents_stop(pw);
+			poller_stop_slot(pw);
 			pw->pw_in_use = false;
 		}
 		return;
@@ -188,14 +240,13 @@ poller_scan_slot(struct poller *p, unsigned slot, uint64_t now)
 	w.sw_api_key[sizeof(w.sw_api_key) - 1] = '\0';
 	w.sw_model[sizeof(w.sw_model) - 1] = '\0';
 	w.sw_kv_endpoint[sizeof(w.sw_kv_endpoint) - 1] = '\0';
+	w.sw_grpc_endpoint[sizeof(w.sw_grpc_endpoint) - 1] = '\0';
 	if (!pw->pw_in_use || pw->pw_generation != w.sw_generation ||
 	    strcmp(pw->pw_url, w.sw_url) != 0) {
 		/* A new worker in this slot: start from scratch. */
-		register_stop(pw);
-		health_stop(pw);
-		load_stop(pw);
-		kvevents_stop(pw);
+		poller_stop_slot(pw);
 		pw->pw_load.ls_absent = false;
+		pw->pw_load.ls_grpc_absent = false;
 		pw->pw_runtime[0] = '\0';
 		pw->pw_in_use = true;
 		pw->pw_generation = w.sw_generation;
@@ -205,6 +256,21 @@ poller_scan_slot(struct poller *p, unsigned slot, uint64_t now)
 	memcpy(pw->pw_api_key, w.sw_api_key, sizeof(pw->pw_api_key));
 	memcpy(pw->pw_model, w.sw_model, sizeof(pw->pw_model));
 	memcpy(pw->pw_kv_label, w.sw_kv_endpoint, sizeof(pw->pw_kv_label));
+	pw->pw_type = w.sw_type;
+	pw->pw_mode = w.sw_mode;
+	pw->pw_own_interval_secs = w.sw_load_interval_secs;
+	pw->pw_overload_on = w.sw_overload_on != 0;
+	if (strcmp(pw->pw_grpc_label, w.sw_grpc_endpoint) != 0) {
+		/* A new side channel: its calls and engine start over. */
+		load_stop(pw);
+		kvevents_stop(pw);
+		if (!rpc_is_grpc_url(pw->pw_url)) {
+			rpc_stop(pw);
+			pw->pw_load.ls_grpc_absent = false;
+		}
+		memcpy(pw->pw_grpc_label, w.sw_grpc_endpoint,
+		    sizeof(pw->pw_grpc_label));
+	}
 	register_tick(pw, now);
 	health_tick(pw, now);
 	load_tick(pw, now);

@@ -19,6 +19,8 @@
 #include <ev.h>
 
 #include "ipc.pb-c.h"
+#include "sglang_scheduler.pb-c.h"
+#include "shared/grpc.h"
 #include "shared/shm.h"
 
 struct config;
@@ -79,6 +81,85 @@ void http_client_cancel(struct http_client_req *req);
 /* Static text for an error ("timeout", "connect failed", ...). */
 const char *http_client_strerror(enum http_client_error e);
 
+/* ---- rpc.c ---- */
+
+/*
+ * gRPC to engines (workers.md §4): a worker registered as grpc:// or
+ * grpcs:// is reached over gRPC only; an HTTP worker whose label
+ * grpc_endpoint names a grpc[s]:// URL gets its loads and KV events that
+ * way (inference and health stay HTTP). One channel per worker.
+ */
+
+/* What the poller calls on an engine's service. */
+enum rpc_method {
+	RPC_HEALTH_CHECK = 0,
+	RPC_GET_LOADS,
+	RPC_SUBSCRIBE_KV_EVENTS,
+	RPC_FLUSH_CACHE,
+};
+
+#define RPC_ENGINE_UNKNOWN 0
+#define RPC_MAX_MESSAGE    (4 * 1024 * 1024)
+
+typedef void (*rpc_detect_cb)(struct pworker *pw, bool ok, const char *detail);
+
+struct rpc_state {
+	struct grpc_channel *rs_ch;
+	char rs_target[SHM_URL_MAX]; /* the channel's URL */
+	int rs_engine; /* engine table index + 1, or RPC_ENGINE_UNKNOWN */
+	struct grpc_call *rs_detect;
+	unsigned rs_detect_idx; /* how many services were tried */
+	int rs_detect_first; /* the service tried first */
+	rpc_detect_cb rs_detect_cb;
+	bool rs_detect_healthy; /* what the service being tried answered */
+	char rs_detect_text[GRPC_MESSAGE_MAX];
+};
+
+/* Whether url is grpc:// or grpcs://. */
+bool rpc_is_grpc_url(const char *url);
+/* The worker's gRPC target: its URL (grpc[s]://), else its grpc_endpoint
+ * label, else NULL. */
+const char *rpc_target(const struct pworker *pw);
+/* The runtime name of the engine learnt for the worker, NULL unknown. */
+const char *rpc_runtime(const struct pworker *pw);
+/* Whether the learnt engine serves m (unknown engine: false). */
+bool rpc_engine_has(const struct pworker *pw, enum rpc_method m);
+/*
+ * Engine detection (§4): HealthCheck on each engine's service in turn (the
+ * runtime already known first) until one answers other than
+ * UNIMPLEMENTED. cb(pw, ok, detail) runs once from the loop: ok when a
+ * service answered healthy (rpc_runtime is then set), else detail says
+ * why. Returns 0, or -1 (no target, bad URL, no memory; no callback).
+ */
+int rpc_detect(struct pworker *pw, rpc_detect_cb cb);
+void rpc_detect_cancel(struct pworker *pw);
+/*
+ * Whether the worker's engine is known, so rpc_call can run. When not, a
+ * side-channel worker's detection is started (once at a time); grpc://
+ * workers learn theirs through registration and health probes.
+ */
+bool rpc_ready(struct pworker *pw);
+/*
+ * Starts m on the learnt engine's service with the packed request req
+ * (see grpc_call_start for timeout and callbacks). NULL when there is no
+ * channel, no learnt engine, or no memory (logged at debug).
+ */
+struct grpc_call *rpc_call(struct pworker *pw, enum rpc_method m,
+    const ProtobufCMessage *req, double timeout_secs,
+    grpc_message_cb on_message, grpc_close_cb on_close, void *arg);
+/* Frees the channel; every call on it must have been cancelled first. */
+void rpc_stop(struct pworker *pw);
+/*
+ * Maps a GetLoadsResponse (§4.2) into ranks[0..*n) (at most max). Returns
+ * LOAD_PARSE_REPORT, LOAD_PARSE_EMPTY (no ranks) or LOAD_PARSE_NOT_LOADS
+ * (the bytes do not decode).
+ */
+int rpc_parse_loads(const uint8_t *buf, size_t len, Smg__RankLoad *ranks,
+    size_t max, size_t *n);
+/* Maps one decoded SchedulerLoad into a RankLoad. */
+void rpc_map_load(const Sglang__Grpc__Scheduler__SchedulerLoad *in,
+    Smg__RankLoad *out);
+
 /* ---- register.c ---- */
 
 #define REGISTER_RUNTIME_MAX 16
@@ -93,6 +174,7 @@ enum register_step {
 	REGISTER_SERVER_INFO, /* GET /server_info (SGLang detection) */
 	REGISTER_MODEL_INFO, /* GET /model_info (model path) */
 	REGISTER_GET_MODEL_INFO, /* GET /get_model_info after a 404 */
+	REGISTER_GRPC, /* engine detection by gRPC HealthCheck */
 	REGISTER_DONE, /* reported; re-run if still Pending later */
 };
 
@@ -134,6 +216,10 @@ int register_parse_model_info(const char *body, size_t len, char *model,
 
 struct health_state {
 	struct http_client_req *hs_req;
+	struct grpc_call *hs_call; /* grpc:// workers */
+	bool hs_detecting; /* grpc:// with no engine learnt: detection */
+	bool hs_passed; /* the HealthCheckResponse said healthy */
+	char hs_detail[GRPC_MESSAGE_MAX];
 	uint64_t hs_next_ms; /* 0: not scheduled */
 };
 
@@ -158,6 +244,10 @@ enum load_step {
 
 struct load_state {
 	struct http_client_req *ls_req;
+	struct grpc_call *ls_call; /* GetLoads in flight */
+	bool ls_grpc_absent; /* GetLoads is UNIMPLEMENTED (logged once) */
+	uint8_t *ls_grpc_msg; /* the GetLoadsResponse, until the status */
+	size_t ls_grpc_len;
 	enum load_step ls_step;
 	uint64_t ls_next_ms; /* next poll; 0: not scheduled */
 	bool ls_absent; /* /v1/loads is absent: /metrics from now on */
@@ -190,8 +280,11 @@ int load_parse_prom(const char *body, size_t len, const char *runtime,
 bool load_wanted(const struct config *cf);
 /*
  * Per-slot hooks of the scan, like health's: every --load-monitor-interval
- * a Ready worker's /v1/loads (or /metrics fallback) is fetched and the
- * LoadReport sent to the broker; at most one fetch per worker in flight.
+ * (lowered for a group by a member's spec load_monitor_interval_secs) a
+ * Ready worker's loads are fetched (gRPC GetLoads on its gRPC target, else
+ * /v1/loads or the /metrics fallback) and the LoadReport sent to the
+ * broker; at most one fetch per worker in flight. Workers are polled when
+ * load_wanted() or their spec sets an overload veto.
  */
 void load_tick(struct pworker *pw, uint64_t now_ms);
 void load_stop(struct pworker *pw);
@@ -238,6 +331,12 @@ struct kvevents_state {
 	uint64_t ks_next_ms; /* next probe after a transport failure */
 	char ks_found[SHM_URL_MAX]; /* "" none */
 	char ks_topic[SHM_URL_MAX];
+	/* gRPC SubscribeKvEvents (workers.md §5.1) */
+	struct grpc_call *ks_stream;
+	bool ks_stream_off; /* UNIMPLEMENTED: tree mode, not asked again */
+	bool ks_stream_up; /* the server accepted this stream */
+	uint64_t ks_stream_next_ms; /* next subscribe */
+	uint64_t ks_stream_backoff_ms;
 };
 
 /*
@@ -272,6 +371,14 @@ int kvevents_parse_server_info(const char *body, size_t len, char *endpoint,
  */
 void kvevents_tick(struct pworker *pw, uint64_t now_ms);
 void kvevents_stop(struct pworker *pw);
+/*
+ * Converts a gRPC KvEventBatch (§5) into the report form: consecutive
+ * blocks of one BlocksStored with the same block size stay one event,
+ * chained by their hashes. Events are malloc'ed as kvevents_decode's;
+ * free with kvevents_batch_clear. Returns 0, or -1 (out left empty).
+ */
+int kvevents_from_grpc(const Smg__Grpc__Common__KvEventBatch *in,
+    Smg__KvEventBatch *out);
 /* Closes the ZMQ context (after every _stop). */
 void kvevents_shutdown(struct poller *p);
 
@@ -292,6 +399,13 @@ struct pworker {
 	struct health_state pw_health;
 	struct load_state pw_load;
 	char pw_kv_label[SHM_URL_MAX]; /* label kv_events_endpoint, "" none */
+	char pw_grpc_label[SHM_URL_MAX]; /* label grpc_endpoint, "" none */
+	uint32_t pw_type; /* enum WorkerType */
+	uint32_t pw_mode; /* enum ConnectionMode */
+	uint32_t pw_own_interval_secs; /* spec load_monitor_interval_secs */
+	bool pw_overload_on; /* the spec's overload veto applies */
+	uint64_t pw_load_interval_ms; /* its group's period (gateway.md §9.1) */
+	struct rpc_state pw_rpc;
 	struct kvevents_state pw_kv;
 };
 
@@ -301,6 +415,7 @@ struct poller {
 	struct shm *p_shm;
 	struct ipc_client *p_reports; /* PUSH to RUN/reports.ipc */
 	struct tls_ctx *p_tls; /* NULL: https:// probes fail */
+	struct tls_ctx *p_grpc_tls; /* ALPN h2; NULL: grpcs:// calls fail */
 	bool p_load_on; /* load_wanted() */
 	uint64_t p_load_interval_ms;
 	void *p_zmq; /* ZMQ context, made on the first subscription */

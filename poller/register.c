@@ -35,6 +35,7 @@ static void reg_failed(struct pworker *, const char *);
 static void reg_report(struct pworker *, bool);
 static bool reg_2xx(const struct http_client_result *);
 static void reg_describe(const struct http_client_result *, char *, size_t);
+static void reg_grpc_cb(struct pworker *, bool, const char *);
 
 static const struct {
 	const char *name;
@@ -167,6 +168,8 @@ register_tick(struct pworker *pw, uint64_t now)
 void
 register_stop(struct pworker *pw)
 {
+	if (pw->pw_reg.rs_step == REGISTER_GRPC)
+		rpc_detect_cancel(pw);
 	http_client_cancel(pw->pw_reg.rs_req);
 	memset(&pw->pw_reg, 0, sizeof(pw->pw_reg));
 }
@@ -181,7 +184,32 @@ reg_attempt(struct pworker *pw, uint64_t now)
 	rs->rs_model[0] = '\0';
 	rs->rs_runtime[0] = '\0';
 	rs->rs_attempts++;
+	if (rpc_is_grpc_url(pw->pw_url)) {
+		/* gRPC only: the engine's own HealthCheck identifies it. */
+		rs->rs_step = REGISTER_GRPC;
+		if (rpc_detect(pw, reg_grpc_cb) == -1)
+			reg_failed(pw, "cannot start gRPC HealthCheck");
+		return;
+	}
 	reg_get(pw, REGISTER_HEALTH, "/health");
+}
+
+static void
+reg_grpc_cb(struct pworker *pw, bool ok, const char *detail)
+{
+	struct register_state *rs = &pw->pw_reg;
+	char msg[REGISTER_ERROR_MAX];
+
+	if (!ok) {
+		snprintf(msg, sizeof(msg), "gRPC: %s", detail);
+		reg_failed(pw, msg);
+		return;
+	}
+	/* The model stays what the worker was registered with. */
+	rs->rs_model[0] = '\0';
+	reg_copy(rs->rs_runtime, sizeof(rs->rs_runtime), rpc_runtime(pw));
+	log_info("%s: %s serves %s", __func__, pw->pw_url, detail);
+	reg_report(pw, true);
 }
 
 static void

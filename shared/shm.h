@@ -29,7 +29,7 @@
 #include <sys/types.h>
 
 #define SHM_MAGIC              0x53474d43u /* "SMGC" */
-#define SHM_VERSION            5u
+#define SHM_VERSION            6u
 #define SHM_FILENAME           "smg.shm"
 #define SHM_MAX_WORKERS        512
 #define SHM_MAX_FRONTENDS      64
@@ -85,6 +85,10 @@ struct shm_worker {
 	char sw_api_key[SHM_KEY_MAX]; /* "" none; segment is mode 0600 */
 	/* label kv_events_endpoint (KV-event stream), "" none */
 	char sw_kv_endpoint[SHM_URL_MAX];
+	/* label grpc_endpoint (gRPC side channel of an HTTP worker), "" none */
+	char sw_grpc_endpoint[SHM_URL_MAX];
+	uint32_t sw_load_interval_secs; /* spec load_monitor_interval_secs */
+	uint32_t sw_overload_on; /* overload veto thresholds apply */
 };
 
 struct shm_worker_slot {

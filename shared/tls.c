@@ -406,6 +406,25 @@ tls_conn_write(struct tls_conn *c, const void *buf, size_t len)
 	return tls_map(c, __func__, ret);
 }
 
+int
+tls_ctx_set_alpn(struct tls_ctx *ctx, const char **protos)
+{
+	int ret;
+
+	if ((ret = mbedtls_ssl_conf_alpn_protocols(&ctx->tc_conf, protos)) !=
+	    0) {
+		tls_log_err(__func__, "ALPN protocols", ret);
+		return -1;
+	}
+	return 0;
+}
+
+const char *
+tls_conn_alpn(const struct tls_conn *c)
+{
+	return mbedtls_ssl_get_alpn_protocol(&c->tn_ssl);
+}
+
 size_t
 tls_conn_pending(const struct tls_conn *c)
 {

@@ -60,6 +60,14 @@ struct tls_ctx *tls_ctx_new_server(const char *cert_path, const char *key_path);
 struct tls_ctx *tls_ctx_new_client(const char *const *ca_paths,
     const char *cert_path, const char *key_path);
 
+/*
+ * Sets the ALPN protocols offered (client) or accepted (server), most
+ * preferred first, e.g. { "h2", NULL } for gRPC. protos must outlive the
+ * context (mbedTLS keeps the pointer). Call before any connection is made.
+ * Returns 0, or -1 (logged).
+ */
+int tls_ctx_set_alpn(struct tls_ctx *ctx, const char **protos);
+
 /* Frees the context; every connection made from it must be freed first.
  * NULL is a no-op. */
 void tls_ctx_free(struct tls_ctx *ctx);
@@ -99,6 +107,9 @@ ssize_t tls_conn_read(struct tls_conn *c, void *buf, size_t len);
  * len 0 returns 0.
  */
 ssize_t tls_conn_write(struct tls_conn *c, const void *buf, size_t len);
+
+/* The protocol ALPN agreed on after the handshake, NULL when none. */
+const char *tls_conn_alpn(const struct tls_conn *c);
 
 /* Decrypted bytes buffered inside mbedTLS, readable without the fd. */
 size_t tls_conn_pending(const struct tls_conn *c);

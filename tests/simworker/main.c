@@ -51,6 +51,11 @@ struct main_opts {
 	const char *mo_bootstrap_dir;
 	double mo_bootstrap_timeout;
 	const char *mo_log_level;
+	long long mo_grpc_port;
+	const char *mo_grpc_tls_cert;
+	const char *mo_grpc_tls_key;
+	const char *mo_grpc_fault;
+	long long mo_grpc_kv_events;
 	int mo_help;
 };
 
@@ -75,6 +80,9 @@ static struct main_opts opts = {
 	.mo_bootstrap_port = -1,
 	.mo_bootstrap_timeout = 30,
 	.mo_log_level = "info",
+	.mo_grpc_port = -1,
+	.mo_grpc_fault = "",
+	.mo_grpc_kv_events = 1,
 };
 
 /* Every flag: name, type, where it goes, bounds (numbers), help. */
@@ -142,6 +150,16 @@ static const struct main_flag {
 	    "decode: seconds to wait for the prefill's room before failing" },
 	{ "log-level", MAIN_FLAG_STR, &opts.mo_log_level, 0, 0,
 	    "debug, info, warn or error" },
+	{ "grpc-port", MAIN_FLAG_INT, &opts.mo_grpc_port, -1, 65535,
+	    "serve the engine's gRPC surface there (-1: off, 0: any)" },
+	{ "grpc-tls-cert", MAIN_FLAG_STR, &opts.mo_grpc_tls_cert, 0, 0,
+	    "gRPC over TLS (ALPN h2) with this PEM certificate" },
+	{ "grpc-tls-key", MAIN_FLAG_STR, &opts.mo_grpc_tls_key, 0, 0,
+	    "the PEM key of --grpc-tls-cert" },
+	{ "grpc-fault", MAIN_FLAG_STR, &opts.mo_grpc_fault, 0, 0,
+	    "unavailable, slow or reset: every gRPC call fails that way" },
+	{ "grpc-kv-events", MAIN_FLAG_INT, &opts.mo_grpc_kv_events, 0, 1,
+	    "0: SubscribeKvEvents answers UNIMPLEMENTED" },
 	{ "help", MAIN_FLAG_BOOL, &opts.mo_help, 0, 0, "this text" },
 };
 
@@ -154,6 +172,11 @@ static void main_bad(const char *, const char *) __attribute__((noreturn));
 static void main_parse(int, char **);
 static void main_signal_cb(struct ev_loop *, ev_signal *, int);
 static void main_step_hook(void *);
+static void main_cache_event(void *, const struct kv_event *);
+
+/* The listeners of the cache's events: ZMQ and gRPC publishers. */
+static struct kvevents *main_kv;
+static struct rpcsrv *main_rpc;
 static int main_write_port(const char *, int);
 
 static void
@@ -265,6 +288,16 @@ main_signal_cb(struct ev_loop *loop, ev_signal *w, int revents)
 }
 
 /* arg is main's struct kvevents * variable, set once serving. */
+static void
+main_cache_event(void *arg, const struct kv_event *ev)
+{
+	(void)arg;
+	if (main_kv != NULL)
+		kvevents_add(main_kv, ev);
+	if (main_rpc != NULL)
+		rpcsrv_add_event(main_rpc, ev);
+}
+
 static void
 main_step_hook(void *arg)
 {
@@ -380,8 +413,36 @@ main(int argc, char **argv)
 		                                          : KVEV_FORMAT_ARRAY);
 		if (kv == NULL)
 			fatalx("%s: no KV-event publisher", __func__);
-		cache_set_listener(cache, kvevents_add, kv);
+		main_kv = kv;
 	}
+	if (opts.mo_grpc_port >= 0) {
+		struct rpcsrv_config rc;
+
+		if (strcmp(opts.mo_grpc_fault, "") != 0 &&
+		    strcmp(opts.mo_grpc_fault, "unavailable") != 0 &&
+		    strcmp(opts.mo_grpc_fault, "slow") != 0 &&
+		    strcmp(opts.mo_grpc_fault, "reset") != 0)
+			main_bad("grpc-fault",
+			    "must be unavailable, slow or reset");
+		if ((opts.mo_grpc_tls_cert == NULL) !=
+		    (opts.mo_grpc_tls_key == NULL))
+			main_bad("grpc-tls-cert", "needs --grpc-tls-key");
+		memset(&rc, 0, sizeof(rc));
+		rc.rc_host = opts.mo_host;
+		rc.rc_port = (int)opts.mo_grpc_port;
+		rc.rc_tls_cert = opts.mo_grpc_tls_cert;
+		rc.rc_tls_key = opts.mo_grpc_tls_key;
+		rc.rc_fault = opts.mo_grpc_fault;
+		rc.rc_kv_events = (int)opts.mo_grpc_kv_events;
+		rc.rc_engine = engine;
+		rc.rc_engine_kind = (int)ac.ac_engine;
+		rc.rc_max_running = ac.ac_max_running;
+		rc.rc_ready_at = ac.ac_ready_at;
+		if ((main_rpc = rpcsrv_new(loop, &rc)) == NULL)
+			fatalx("%s: cannot serve gRPC", __func__);
+	}
+	if (main_kv != NULL || main_rpc != NULL)
+		cache_set_listener(cache, main_cache_event, NULL);
 	if (opts.mo_port_file != NULL &&
 	    main_write_port(opts.mo_port_file, srv_port(srv)) == -1)
 		fatalx("%s: cannot write the port file", __func__);
@@ -396,6 +457,7 @@ main(int argc, char **argv)
 	ev_run(loop, 0);
 
 	srv_free(srv);
+	rpcsrv_free(main_rpc);
 	api_free(api);
 	engine_free(engine);
 	cache_free(cache);

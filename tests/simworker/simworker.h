@@ -168,6 +168,38 @@ void kvevents_add(void *k, const struct kv_event *ev);
 void kvevents_flush(struct kvevents *k);
 uint64_t kvevents_seq(const struct kvevents *k); /* next sequence number */
 
+/* rpcsrv.c */
+
+struct engine;
+
+struct rpcsrv_config {
+	const char *rc_host;
+	int rc_port; /* 0: any */
+	const char *rc_tls_cert; /* NULL: h2c */
+	const char *rc_tls_key;
+	const char *rc_fault; /* "", "unavailable", "slow" or "reset" */
+	int rc_kv_events; /* 0: SubscribeKvEvents is UNIMPLEMENTED */
+	struct engine *rc_engine; /* not owned */
+	int rc_engine_kind; /* enum sim_engine_kind */
+	uint32_t rc_max_running;
+	double rc_ready_at; /* ev_now() before which HealthCheck says no */
+};
+
+struct rpcsrv;
+
+/* Listens (TLS with ALPN h2 when a certificate is given); NULL (logged)
+ * on failure. */
+struct rpcsrv *rpcsrv_new(struct ev_loop *loop,
+    const struct rpcsrv_config *cfg);
+/* Closes the listener and every connection; NULL is a no-op. */
+void rpcsrv_free(struct rpcsrv *r);
+int rpcsrv_port(const struct rpcsrv *r);
+/* Queues a cache event for the subscribers (cache_event_cb). */
+void rpcsrv_add_event(void *r, const struct kv_event *ev);
+/* Sends the queued events as one KvEventBatch to every subscriber; done
+ * by itself once per loop turn. NULL is a no-op. */
+void rpcsrv_flush(struct rpcsrv *r);
+
 /* server.c */
 
 /* A parsed request; valid during the request callback only. */
