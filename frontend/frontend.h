@@ -285,6 +285,8 @@ struct decision {
 	uint32_t dc_generation;
 	char dc_url[SHM_URL_MAX];
 	char dc_model[SHM_MODEL_MAX];
+	/* Decision.resolved_model: the model a WorkerSpec alias named, or "" */
+	char dc_resolved[SHM_MODEL_MAX];
 	char dc_policy[FE_POLICY_MAX];
 	char dc_api_key[SHM_KEY_MAX];
 	uint32_t dc_worker_type;

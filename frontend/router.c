@@ -34,7 +34,6 @@ static const struct router_absent router_absent_routes[] = {
 	{ "/parse", true, "the gRPC parsers" },
 	{ "/wasm", true, "WASM" },
 	{ "/v1/realtime", true, "WebRTC (realtime)" },
-	{ "/v1/audio/transcriptions", false, "audio transcription" },
 	{ "/mcp", true, "MCP" },
 	{ "/ha", true, "mesh" },
 };
