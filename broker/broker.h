@@ -870,7 +870,8 @@ extern const struct registry_observer live_registry_observer;
 void admin_handle(struct broker *br, const Smg__AdminRequest *req,
     Smg__AdminReply *reply);
 void admin_reply_free(Smg__AdminReply *reply);
-/* WorkerInfo of §3.3 (owned by the caller). */
+/* WorkerInfo of §3.3 with SMG's models, max_connection_attempts and
+ * provider (owned by the caller). */
 cJSON *admin_worker_info(struct broker *br, struct worker *w);
 /*
  * Parses a WorkerSpec JSON text into ws (pointers into *root, which the
