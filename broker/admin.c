@@ -1,8 +1,9 @@
 /*
  * admin.c: the worker API of gateway.md §3.3 as the broker executes it
- * (add, list, get, delete). The frontend passes the client's JSON body in
- * WorkerSpec.spec_json; this file validates it (§12) and answers with the
- * HTTP status, the JSON body and the Location header the frontend relays.
+ * (add, list, get, replace, patch, delete). The frontend passes the client's
+ * JSON body in WorkerSpec.spec_json; this file validates it (§12) and answers
+ * with the HTTP status, the JSON body and the Location header the frontend
+ * relays.
  */
 #include <math.h>
 #include <stdio.h>
@@ -28,11 +29,25 @@ static void admin_get(struct broker *br, const char *id, Smg__AdminReply *r);
 static void admin_remove(struct broker *br, const char *id, Smg__AdminReply *r);
 static void admin_replace(cJSON *o, const char *name, cJSON *item);
 static int admin_type_parse(const char *s, int *out);
+static int admin_check_models(const cJSON *models, const char **err);
+static void admin_update(struct broker *br, const Smg__WorkerUpdate *u,
+    Smg__AdminReply *r);
+static int admin_patch(struct worker *w, const cJSON *o, struct worker_spec *ws,
+    cJSON *spec, const char **err);
+static void admin_not_found(Smg__AdminReply *r, const char *id);
+static cJSON *admin_models(const struct worker *w);
 static int admin_mode_parse(const char *s, int *out);
 static int admin_mode_of_url(const char *url);
 static int admin_spec_from_proto(const Smg__WorkerSpec *p,
     struct worker_spec *ws, char *url_buf, size_t url_len, char *err,
     size_t errlen);
+
+/* SMG's worker-service error codes (WorkerServiceError::error_code). */
+#define ADMIN_BAD_REQUEST    "BAD_REQUEST"
+#define ADMIN_NOT_FOUND      "WORKER_NOT_FOUND"
+#define ADMIN_EXISTS         "WORKER_ALREADY_EXISTS"
+#define ADMIN_INTERNAL       "INTERNAL_SERVER_ERROR"
+#define ADMIN_MAX_CONN_TRIES 20 /* WorkerSpec max_connection_attempts */
 
 static char admin_errbuf[512];
 
@@ -44,7 +59,7 @@ admin_set(Smg__AdminReply *r, uint32_t status, cJSON *body)
 	r->http_status = status;
 	if (body == NULL || (s = cJSON_PrintUnformatted(body)) == NULL)
 		s = xstrdup("{\"error\":\"out of memory\",\"code\":"
-		            "\"internal_error\"}");
+		            "\"INTERNAL_SERVER_ERROR\"}");
 	r->body_json = s;
 	cJSON_Delete(body);
 }
@@ -115,6 +130,40 @@ admin_mode_of_url(const char *url)
 	return SMG__CONNECTION_MODE__CONNECTION_MODE_HTTP;
 }
 
+/* models: every entry {"id": non-empty string, "aliases": [strings]}. */
+static int
+admin_check_models(const cJSON *models, const char **err)
+{
+	const cJSON *m, *id, *al, *a;
+
+	cJSON_ArrayForEach(m, models)
+	{
+		id = cJSON_GetObjectItemCaseSensitive(m, "id");
+		if (!cJSON_IsObject(m) || !cJSON_IsString(id) ||
+		    *id->valuestring == '\0') {
+			*err = "models[].id must be a non-empty string";
+			return -1;
+		}
+		al = cJSON_GetObjectItemCaseSensitive(m, "aliases");
+		if (al == NULL || cJSON_IsNull(al))
+			continue;
+		if (!cJSON_IsArray(al)) {
+			*err = "models[].aliases must be a list of strings";
+			return -1;
+		}
+		cJSON_ArrayForEach(a, al)
+		{
+			if (!cJSON_IsString(a) || *a->valuestring == '\0' ||
+			    strlen(a->valuestring) >= SHM_MODEL_MAX) {
+				*err = "models[].aliases must be a list of "
+				       "non-empty strings";
+				return -1;
+			}
+		}
+	}
+	return 0;
+}
+
 int
 admin_parse_spec(const char *json, cJSON **root, struct worker_spec *ws,
     char *url_buf, size_t url_len, const char **err, const char **code)
@@ -126,7 +175,7 @@ admin_parse_spec(const char *json, cJSON **root, struct worker_spec *ws,
 	ws->ws_bootstrap_port = -1;
 	ws->ws_priority = 50;
 	ws->ws_cost = 1.0;
-	*code = "invalid_request";
+	*code = ADMIN_BAD_REQUEST;
 	if ((*root = o = cJSON_Parse(json)) == NULL) {
 		*err = "request body is not valid JSON";
 		return -1;
@@ -138,7 +187,7 @@ admin_parse_spec(const char *json, cJSON **root, struct worker_spec *ws,
 	it = cJSON_GetObjectItemCaseSensitive(o, "url");
 	if (!cJSON_IsString(it)) {
 		*err = "url is required and must be a string";
-		*code = "invalid_url";
+		*code = ADMIN_BAD_REQUEST;
 		return -1;
 	}
 	if (registry_normalize_url(it->valuestring, url_buf, url_len, why,
@@ -146,7 +195,7 @@ admin_parse_spec(const char *json, cJSON **root, struct worker_spec *ws,
 		snprintf(admin_errbuf, sizeof(admin_errbuf), "invalid url: %s",
 		    why);
 		*err = admin_errbuf;
-		*code = "invalid_url";
+		*code = ADMIN_BAD_REQUEST;
 		return -1;
 	}
 	ws->ws_url = url_buf;
@@ -167,6 +216,8 @@ admin_parse_spec(const char *json, cJSON **root, struct worker_spec *ws,
 			}
 			ws->ws_model = sub->valuestring;
 		}
+		if (admin_check_models(it, err) == -1)
+			return -1;
 	}
 	if ((it = cJSON_GetObjectItemCaseSensitive(o, "model_id")) != NULL &&
 	    ws->ws_model == NULL && !cJSON_IsNull(it)) {
@@ -183,7 +234,7 @@ admin_parse_spec(const char *json, cJSON **root, struct worker_spec *ws,
 		    admin_type_parse(it->valuestring, &ws->ws_type) == -1) {
 			*err = "worker_type must be regular, prefill, decode "
 			       "or encode";
-			*code = "invalid_worker_type";
+			*code = ADMIN_BAD_REQUEST;
 			return -1;
 		}
 	}
@@ -193,7 +244,7 @@ admin_parse_spec(const char *json, cJSON **root, struct worker_spec *ws,
 		if (!cJSON_IsString(it) ||
 		    admin_mode_parse(it->valuestring, &ws->ws_mode) == -1) {
 			*err = "connection_mode must be http, grpc or zmq";
-			*code = "invalid_connection_mode";
+			*code = ADMIN_BAD_REQUEST;
 			return -1;
 		}
 	}
@@ -295,6 +346,22 @@ admin_parse_spec(const char *json, cJSON **root, struct worker_spec *ws,
 		}
 		ws->ws_health_disabled = cJSON_IsTrue(sub);
 	}
+	if ((it = cJSON_GetObjectItemCaseSensitive(o,
+	         "max_connection_attempts")) != NULL &&
+	    !cJSON_IsNull(it) &&
+	    (!cJSON_IsNumber(it) || it->valuedouble < 0 ||
+	        it->valuedouble > 4294967295.0 ||
+	        it->valuedouble != floor(it->valuedouble))) {
+		*err = "max_connection_attempts must be an unsigned 32-bit "
+		       "integer";
+		return -1;
+	}
+	if ((it = cJSON_GetObjectItemCaseSensitive(o, "provider")) != NULL &&
+	    !cJSON_IsNull(it) && !cJSON_IsString(it)) {
+		*err = "provider must be a string (openai, xai, anthropic, "
+		       "gemini or a custom name)";
+		return -1;
+	}
 	if ((it = cJSON_GetObjectItemCaseSensitive(o, "overload")) != NULL &&
 	    !cJSON_IsNull(it)) {
 		if (!cJSON_IsObject(it)) {
@@ -384,13 +451,13 @@ admin_url_allowed(struct broker *br, const char *url, Smg__AdminReply *r)
 	case URLALLOW_OK:
 		return 0;
 	case URLALLOW_INVALID:
-		admin_error(r, 400, err, "invalid_url");
+		admin_error(r, 400, err, ADMIN_BAD_REQUEST);
 		break;
 	case URLALLOW_SELF:
-		admin_error(r, 400, err, "worker_url_is_gateway");
+		admin_error(r, 400, err, ADMIN_BAD_REQUEST);
 		break;
 	case URLALLOW_DENIED:
-		admin_error(r, 400, err, "worker_url_not_allowed");
+		admin_error(r, 400, err, ADMIN_BAD_REQUEST);
 		break;
 	}
 	log_warnx("%s: refused %s", __func__, err);
@@ -417,7 +484,7 @@ admin_add(struct broker *br, const Smg__WorkerSpec *spec, Smg__AdminReply *r)
 	} else {
 		if (admin_spec_from_proto(spec, &ws, url, sizeof(url), err,
 		        sizeof(err)) == -1) {
-			admin_error(r, 400, err, "invalid_url");
+			admin_error(r, 400, err, ADMIN_BAD_REQUEST);
 			return;
 		}
 		if (spec->n_labels > 0) {
@@ -436,12 +503,17 @@ admin_add(struct broker *br, const Smg__WorkerSpec *spec, Smg__AdminReply *r)
 	}
 	if ((w = registry_add(br, &ws, true, &why)) == NULL) {
 		if (strcmp(why, "exists") == 0) {
-			snprintf(err, sizeof(err), "Worker already exists: %s",
-			    url);
-			admin_error(r, 409, err, "worker_already_exists");
+			w = registry_find(br, url);
+			snprintf(admin_errbuf, sizeof(admin_errbuf),
+			    "Worker already exists at URL '%s' with ID %s. Use "
+			    "PUT /workers/%s to replace or PATCH /workers/%s "
+			    "to "
+			    "update.",
+			    url, w->wk_id, w->wk_id, w->wk_id);
+			admin_error(r, 409, admin_errbuf, ADMIN_EXISTS);
 		} else
 			admin_error(r, 500, "worker table is full",
-			    "worker_table_full");
+			    ADMIN_INTERNAL);
 		cJSON_Delete(root);
 		cJSON_Delete(labels);
 		return;
@@ -465,6 +537,33 @@ admin_replace(cJSON *o, const char *name, cJSON *item)
 {
 	cJSON_DeleteItemFromObjectCaseSensitive(o, name);
 	cJSON_AddItemToObject(o, name, item);
+}
+
+/*
+ * WorkerInfo.models: the spec's list with its first id the worker's model
+ * (discovery may have named it), else that model alone; [] while unknown.
+ */
+static cJSON *
+admin_models(const struct worker *w)
+{
+	const cJSON *given =
+	    cJSON_GetObjectItemCaseSensitive(w->wk_spec, "models");
+	bool known = strcmp(w->wk_model, BROKER_MODEL_UNKNOWN) != 0;
+	cJSON *list, *m;
+
+	if (cJSON_IsArray(given) && cJSON_GetArraySize(given) > 0) {
+		list = cJSON_Duplicate(given, 1);
+		m = cJSON_GetArrayItem(list, 0);
+		if (known && m != NULL)
+			admin_replace(m, "id", cJSON_CreateString(w->wk_model));
+		return list;
+	}
+	list = cJSON_CreateArray();
+	if (known && (m = cJSON_CreateObject()) != NULL) {
+		cJSON_AddStringToObject(m, "id", w->wk_model);
+		cJSON_AddItemToArray(list, m);
+	}
+	return list;
 }
 
 cJSON *
@@ -502,6 +601,13 @@ admin_worker_info(struct broker *br, struct worker *w)
 	admin_replace(o, "circuit_breaker_state",
 	    cJSON_CreateString(breaker_state_name(w->wk_cb.cb_state)));
 	admin_replace(o, "overloaded", cJSON_CreateBool(w->wk_overloaded));
+	admin_replace(o, "models", admin_models(w));
+	if (!cJSON_IsNumber(
+	        cJSON_GetObjectItemCaseSensitive(o, "max_connection_attempts")))
+		admin_replace(o, "max_connection_attempts",
+		    cJSON_CreateNumber(ADMIN_MAX_CONN_TRIES));
+	if (!cJSON_IsString(cJSON_GetObjectItemCaseSensitive(o, "provider")))
+		admin_replace(o, "provider", cJSON_CreateNull());
 	/* The background job of this worker, if one is running or failed. */
 	job = NULL;
 	if (w->wk_status == SHM_WORKER_PENDING ||
@@ -551,14 +657,20 @@ admin_list(struct broker *br, const char *model, Smg__AdminReply *r)
 }
 
 static void
+admin_not_found(Smg__AdminReply *r, const char *id)
+{
+	snprintf(admin_errbuf, sizeof(admin_errbuf), "Worker %.256s not found",
+	    id);
+	admin_error(r, 404, admin_errbuf, ADMIN_NOT_FOUND);
+}
+
+static void
 admin_get(struct broker *br, const char *id, Smg__AdminReply *r)
 {
 	struct worker *w;
-	char err[SHM_URL_MAX + 32];
 
 	if ((w = registry_find(br, id)) == NULL) {
-		snprintf(err, sizeof(err), "Worker not found: %.256s", id);
-		admin_error(r, 404, err, "worker_not_found");
+		admin_not_found(r, id);
 		return;
 	}
 	admin_set(r, 200, admin_worker_info(br, w));
@@ -568,12 +680,10 @@ static void
 admin_remove(struct broker *br, const char *id, Smg__AdminReply *r)
 {
 	struct worker *w;
-	char err[SHM_URL_MAX + 32];
 	cJSON *o;
 
 	if ((w = registry_find(br, id)) == NULL) {
-		snprintf(err, sizeof(err), "Worker not found: %.256s", id);
-		admin_error(r, 404, err, "worker_not_found");
+		admin_not_found(r, id);
 		return;
 	}
 	o = cJSON_CreateObject();
@@ -583,6 +693,187 @@ admin_remove(struct broker *br, const char *id, Smg__AdminReply *r)
 	    "Worker removal queued for background processing");
 	admin_set(r, 202, o);
 	registry_drain(br, w);
+}
+
+/* The worker's current fields as a spec (PATCH starts from them). */
+static void
+admin_spec_of(const struct worker *w, struct worker_spec *ws)
+{
+	memset(ws, 0, sizeof(*ws));
+	ws->ws_url = w->wk_url;
+	ws->ws_model = w->wk_model;
+	ws->ws_type = w->wk_type;
+	ws->ws_mode = w->wk_mode;
+	ws->ws_bootstrap_port = w->wk_bootstrap_port;
+	ws->ws_priority = w->wk_priority;
+	ws->ws_cost = w->wk_cost;
+	ws->ws_labels = w->wk_labels;
+	ws->ws_health_disabled = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(
+	    cJSON_GetObjectItemCaseSensitive(w->wk_spec, "health"),
+	    "disable_health_check"));
+	ws->ws_ov_waiting = w->wk_ov_waiting;
+	ws->ws_ov_token_usage = w->wk_ov_token_usage;
+}
+
+/*
+ * PATCH: SMG's WorkerUpdateRequest (priority, cost, labels merged,
+ * api_key, health merged) onto ws and spec (w's spec, edited in place).
+ */
+static int
+admin_patch(struct worker *w, const cJSON *o, struct worker_spec *ws,
+    cJSON *spec, const char **err)
+{
+	const cJSON *it, *sub;
+	cJSON *labels, *health;
+
+	(void)w;
+	if (!cJSON_IsObject(o)) {
+		*err = "request body must be a JSON object";
+		return -1;
+	}
+	if ((it = cJSON_GetObjectItemCaseSensitive(o, "priority")) != NULL &&
+	    !cJSON_IsNull(it)) {
+		if (!cJSON_IsNumber(it) || it->valuedouble < 0 ||
+		    it->valuedouble > 4294967295.0 ||
+		    it->valuedouble != floor(it->valuedouble)) {
+			*err = "priority must be an unsigned 32-bit integer";
+			return -1;
+		}
+		ws->ws_priority = (uint32_t)it->valuedouble;
+		admin_replace(spec, "priority",
+		    cJSON_CreateNumber(ws->ws_priority));
+	}
+	if ((it = cJSON_GetObjectItemCaseSensitive(o, "cost")) != NULL &&
+	    !cJSON_IsNull(it)) {
+		if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble)) {
+			*err = "cost must be a number";
+			return -1;
+		}
+		ws->ws_cost = it->valuedouble;
+		admin_replace(spec, "cost", cJSON_CreateNumber(ws->ws_cost));
+	}
+	if ((it = cJSON_GetObjectItemCaseSensitive(o, "api_key")) != NULL &&
+	    !cJSON_IsNull(it)) {
+		if (!cJSON_IsString(it) ||
+		    strlen(it->valuestring) >= SHM_KEY_MAX) {
+			*err = "api_key must be a string";
+			return -1;
+		}
+		ws->ws_api_key = it->valuestring;
+	}
+	if ((it = cJSON_GetObjectItemCaseSensitive(o, "labels")) != NULL &&
+	    !cJSON_IsNull(it)) {
+		if (!cJSON_IsObject(it)) {
+			*err = "labels must be an object of strings";
+			return -1;
+		}
+		labels = cJSON_Duplicate(ws->ws_labels, 1);
+		cJSON_ArrayForEach(sub, it)
+		{
+			if (!cJSON_IsString(sub)) {
+				cJSON_Delete(labels);
+				*err = "labels must be an object of strings";
+				return -1;
+			}
+			admin_replace(labels, sub->string,
+			    cJSON_CreateString(sub->valuestring));
+		}
+		admin_replace(spec, "labels", labels);
+		ws->ws_labels = labels;
+	}
+	if ((it = cJSON_GetObjectItemCaseSensitive(o, "health")) != NULL &&
+	    !cJSON_IsNull(it)) {
+		if (!cJSON_IsObject(it)) {
+			*err = "health must be an object";
+			return -1;
+		}
+		sub = cJSON_GetObjectItemCaseSensitive(it,
+		    "disable_health_check");
+		if (sub != NULL && !cJSON_IsNull(sub) && !cJSON_IsBool(sub)) {
+			*err = "health.disable_health_check must be a boolean";
+			return -1;
+		}
+		health = cJSON_GetObjectItemCaseSensitive(spec, "health");
+		if (!cJSON_IsObject(health)) {
+			health = cJSON_CreateObject();
+			admin_replace(spec, "health", health);
+		}
+		cJSON_ArrayForEach(sub, it)
+		{
+			if (!cJSON_IsNull(sub))
+				admin_replace(health, sub->string,
+				    cJSON_Duplicate(sub, 1));
+		}
+		ws->ws_health_disabled =
+		    cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(health,
+		        "disable_health_check"));
+	}
+	return 0;
+}
+
+/*
+ * PUT (the whole WorkerSpec, same url) and PATCH of gateway.md §3.3. The
+ * broker applies the change at once; 202 as SMG answers for its job.
+ */
+static void
+admin_update(struct broker *br, const Smg__WorkerUpdate *u, Smg__AdminReply *r)
+{
+	struct worker_spec ws;
+	struct worker *w;
+	cJSON *root = NULL, *spec = NULL, *o;
+	char url[SHM_URL_MAX];
+	const char *why, *code;
+
+	if (u->id == NULL || (w = registry_find(br, u->id)) == NULL) {
+		admin_not_found(r, u->id != NULL ? u->id : "");
+		return;
+	}
+	if (u->partial) {
+		admin_spec_of(w, &ws);
+		spec = w->wk_spec != NULL ? cJSON_Duplicate(w->wk_spec, 1)
+		                          : cJSON_CreateObject();
+		root = cJSON_Parse(u->spec_json != NULL ? u->spec_json : "");
+		if (root == NULL) {
+			admin_error(r, 400, "request body is not valid JSON",
+			    ADMIN_BAD_REQUEST);
+			cJSON_Delete(spec);
+			return;
+		}
+		if (admin_patch(w, root, &ws, spec, &why) == -1) {
+			admin_error(r, 400, why, ADMIN_BAD_REQUEST);
+			cJSON_Delete(root);
+			cJSON_Delete(spec);
+			return;
+		}
+		ws.ws_spec = spec;
+	} else {
+		if (admin_parse_spec(u->spec_json != NULL ? u->spec_json : "",
+		        &root, &ws, url, sizeof(url), &why, &code) == -1) {
+			admin_error(r, 400, why, code);
+			cJSON_Delete(root);
+			return;
+		}
+		if (strcmp(url, w->wk_url) != 0) {
+			snprintf(admin_errbuf, sizeof(admin_errbuf),
+			    "URL mismatch: worker has URL '%s' but request "
+			    "body "
+			    "has '%s'. URL changes are not supported via PUT. "
+			    "Use DELETE + POST instead.",
+			    w->wk_url, url);
+			admin_error(r, 400, admin_errbuf, ADMIN_BAD_REQUEST);
+			cJSON_Delete(root);
+			return;
+		}
+	}
+	registry_update(br, w, &ws);
+	cJSON_Delete(root);
+	cJSON_Delete(spec);
+	o = cJSON_CreateObject();
+	cJSON_AddStringToObject(o, "status", "accepted");
+	cJSON_AddStringToObject(o, "worker_id", w->wk_id);
+	cJSON_AddStringToObject(o, "message",
+	    "Worker update queued for background processing");
+	admin_set(r, 202, o);
 }
 
 void
@@ -603,9 +894,12 @@ admin_handle(struct broker *br, const Smg__AdminRequest *req,
 	case SMG__ADMIN_REQUEST__OP_GET_WORKER:
 		admin_get(br, req->get_worker, reply);
 		break;
+	case SMG__ADMIN_REQUEST__OP_UPDATE_WORKER:
+		admin_update(br, req->update_worker, reply);
+		break;
 	default:
 		admin_error(reply, 400, "unknown admin operation",
-		    "invalid_request");
+		    ADMIN_BAD_REQUEST);
 		break;
 	}
 }

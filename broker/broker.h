@@ -295,6 +295,7 @@ void registry_observe(struct broker *br, const struct registry_observer *ro);
 /* Fields a new worker is created with. Strings are copied. */
 struct worker_spec {
 	const char *ws_url;
+	const char *ws_id; /* NULL: a new one (restore: the stored one) */
 	const char *ws_model; /* NULL/"" unknown */
 	const char *ws_runtime;
 	int ws_type;
@@ -320,8 +321,6 @@ struct worker_spec {
  */
 int registry_normalize_url(const char *url, char *buf, size_t len, char *err,
     size_t errlen);
-/* 16 hex digits of XXH3 of the normalised url. */
-void registry_worker_id(const char *url, char out[SHM_ID_MAX]);
 /*
  * Snapshot of the shm worker table at start, so a restarted broker keeps
  * the slots, generations, status and model of the workers it had.
@@ -344,6 +343,13 @@ void registry_drain(struct broker *br, struct worker *w);
 struct worker *registry_find(struct broker *br, const char *id_or_url);
 struct worker *registry_by_slot(struct broker *br, unsigned slot,
     uint32_t generation);
+/*
+ * PUT /workers/{id}: w takes every field of ws but its url and id (a
+ * model, runtime or api key ws leaves unset keeps w's). A changed model,
+ * type or mode moves w to that pool as registry_set_model does.
+ */
+void registry_update(struct broker *br, struct worker *w,
+    const struct worker_spec *ws);
 /* Moves w to another model (discovery); decides the model's policy. */
 void registry_set_model(struct broker *br, struct worker *w, const char *model);
 void registry_set_status(struct broker *br, struct worker *w,
@@ -354,6 +360,14 @@ void registry_publish(struct broker *br, struct worker *w);
 /* Re-persists w (model/runtime learnt). */
 void registry_persist(struct broker *br, struct worker *w);
 struct model_entry *registry_model(struct broker *br, const char *name);
+/* The model entry named name, or NULL (registry_model creates one). */
+struct model_entry *registry_model_find(struct broker *br, const char *name);
+/*
+ * The model id name is an alias of: no model is named name and a
+ * worker's WorkerSpec lists it in models[0].aliases (the first such
+ * worker in registration order). NULL otherwise. Points into the worker.
+ */
+const char *registry_resolve_alias(struct broker *br, const char *name);
 /* Frees every worker and model (shutdown); shm slots are left as they are. */
 void registry_free_all(struct broker *br);
 /* smg_worker_pool_size gauges. */
@@ -869,7 +883,8 @@ extern const struct registry_observer live_registry_observer;
 void admin_handle(struct broker *br, const Smg__AdminRequest *req,
     Smg__AdminReply *reply);
 void admin_reply_free(Smg__AdminReply *reply);
-/* WorkerInfo of §3.3 (owned by the caller). */
+/* WorkerInfo of §3.3 with SMG's models, max_connection_attempts and
+ * provider (owned by the caller). */
 cJSON *admin_worker_info(struct broker *br, struct worker *w);
 /*
  * Parses a WorkerSpec JSON text into ws (pointers into *root, which the

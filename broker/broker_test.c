@@ -25,6 +25,7 @@
 #include "shared/log.h"
 #include "shared/metrics.h"
 #include "shared/shm.h"
+#include "shared/uuid.h"
 
 #include "broker/broker.h"
 #include "broker/broker_testutil.h"
@@ -35,6 +36,7 @@ struct dec {
 	uint32_t gen;
 	char url[SHM_URL_MAX];
 	char model[SHM_MODEL_MAX];
+	char resolved[SHM_MODEL_MAX];
 	char policy[32];
 	unsigned http_status;
 	char code[64];
@@ -116,6 +118,7 @@ fx_route_ex(struct btu_fx *f, const char *model, int leg, const uint32_t *excl,
 	d->gen = x->worker_generation;
 	snprintf(d->url, sizeof(d->url), "%s", x->worker_url);
 	snprintf(d->model, sizeof(d->model), "%s", x->model);
+	snprintf(d->resolved, sizeof(d->resolved), "%s", x->resolved_model);
 	snprintf(d->policy, sizeof(d->policy), "%s", x->policy);
 	d->http_status = x->http_status;
 	snprintf(d->code, sizeof(d->code), "%s", x->error_code);
@@ -554,7 +557,9 @@ test_admin_shapes(void **state)
 	    "accepted");
 	snprintf(id, sizeof(id), "%s",
 	    cJSON_GetObjectItem(body, "worker_id")->valuestring);
-	assert_int_equal(strlen(id), 16);
+	assert_int_equal(strlen(id), 36);
+	assert_true(uuid_canonical(id));
+	assert_int_equal(id[14], '7');
 	assert_string_equal(cJSON_GetObjectItem(body, "url")->valuestring,
 	    "http://new:8000");
 	snprintf(path, sizeof(path), "/workers/%s", id);
@@ -568,7 +573,7 @@ test_admin_shapes(void **state)
 	assert_int_equal(
 	    fx_add(f, "{\"url\":\"http://new:8000\"}", &body, NULL, 0), 409);
 	assert_string_equal(cJSON_GetObjectItem(body, "code")->valuestring,
-	    "worker_already_exists");
+	    "WORKER_ALREADY_EXISTS");
 	cJSON_Delete(body);
 	/* GET by id and by url. */
 	for (i = 0; i < 2; i++) {
@@ -635,7 +640,7 @@ test_admin_shapes(void **state)
 	    fx_simple(f, SMG__ADMIN_REQUEST__OP_GET_WORKER, "nope", &body),
 	    404);
 	assert_string_equal(cJSON_GetObjectItem(body, "code")->valuestring,
-	    "worker_not_found");
+	    "WORKER_NOT_FOUND");
 	assert_non_null(cJSON_GetObjectItem(body, "error"));
 	cJSON_Delete(body);
 	/* DELETE: Draining, then gone after the settle time. */
@@ -1088,6 +1093,7 @@ test_restart_keeps_workers(void **state)
 	struct worker *a, *n;
 	unsigned slot_a, slot_n;
 	uint32_t gen_a;
+	char id_a[SHM_ID_MAX], id_n[SHM_ID_MAX];
 	cJSON *body;
 
 	f->fx_bs.bs_disable_health_check = false;
@@ -1107,6 +1113,8 @@ test_restart_keeps_workers(void **state)
 	    fx_add(f, "{\"url\":\"http://gone:7\"}", &body, NULL, 0), 202);
 	cJSON_Delete(body);
 	slot_n = fx_worker(f, "http://api:7")->wk_slot;
+	snprintf(id_n, sizeof(id_n), "%s", fx_worker(f, "http://api:7")->wk_id);
+	snprintf(id_a, sizeof(id_a), "%s", a->wk_id);
 	assert_int_equal(fx_simple(f, SMG__ADMIN_REQUEST__OP_REMOVE_WORKER,
 	                     "http://gone:7", &body),
 	    202);
@@ -1126,12 +1134,178 @@ test_restart_keeps_workers(void **state)
 	assert_string_equal(cJSON_GetObjectItem(n->wk_labels, "k")->valuestring,
 	    "v");
 	assert_int_equal(n->wk_slot, slot_n);
-	/* The startup worker keeps its slot, generation, status, model. */
+	assert_string_equal(n->wk_id, id_n); /* from the store */
+	/* The startup worker keeps its slot, generation, status, model, id. */
 	a = fx_worker(f, "http://a:1");
+	assert_string_equal(a->wk_id, id_a); /* from the shm slot */
 	assert_int_equal(a->wk_slot, slot_a);
 	assert_int_equal(a->wk_generation, gen_a);
 	assert_int_equal(a->wk_status, SHM_WORKER_READY);
 	assert_string_equal(a->wk_model, "ma");
+}
+
+static unsigned
+fx_update(struct btu_fx *f, const char *id, const char *json, bool partial,
+    cJSON **body)
+{
+	Smg__AdminRequest a = SMG__ADMIN_REQUEST__INIT;
+	Smg__WorkerUpdate u = SMG__WORKER_UPDATE__INIT;
+
+	u.id = (char *)id;
+	u.spec_json = (char *)json;
+	u.partial = partial;
+	a.op_case = SMG__ADMIN_REQUEST__OP_UPDATE_WORKER;
+	a.update_worker = &u;
+	return fx_admin(f, &a, body, NULL, 0);
+}
+
+/*
+ * PUT applies the new spec (SMG test_replace_worker_applies_new_spec),
+ * refuses another url; PATCH merges labels and keeps the rest; a
+ * WorkerSpec alias routes to its model and says so in the decision.
+ */
+static void
+test_admin_update_and_alias(void **state)
+{
+	struct btu_fx *f = *state;
+	struct worker *w;
+	char id[SHM_ID_MAX], json[256];
+	cJSON *body, *m;
+	struct dec d;
+	int i;
+
+	btu_fx_start(f);
+	assert_int_equal(fx_add(f,
+	                     "{\"url\":\"http://n:1\",\"models\":[{\"id\":"
+	                     "\"canon\",\"aliases\":[\"nick\",\"short\"]}],"
+	                     "\"labels\":{\"a\":\"1\"},\"priority\":5,"
+	                     "\"provider\":\"openai\"}",
+	                     &body, NULL, 0),
+	    202);
+	snprintf(id, sizeof(id), "%s",
+	    cJSON_GetObjectItem(body, "worker_id")->valuestring);
+	cJSON_Delete(body);
+	w = fx_worker(f, "http://n:1");
+	/* WorkerInfo: models, max_connection_attempts, provider. */
+	assert_int_equal(
+	    fx_simple(f, SMG__ADMIN_REQUEST__OP_GET_WORKER, id, &body), 200);
+	m = cJSON_GetArrayItem(cJSON_GetObjectItem(body, "models"), 0);
+	assert_string_equal(cJSON_GetObjectItem(m, "id")->valuestring, "canon");
+	assert_string_equal(
+	    cJSON_GetArrayItem(cJSON_GetObjectItem(m, "aliases"), 1)
+	        ->valuestring,
+	    "short");
+	assert_int_equal(
+	    cJSON_GetObjectItem(body, "max_connection_attempts")->valueint, 20);
+	assert_string_equal(cJSON_GetObjectItem(body, "provider")->valuestring,
+	    "openai");
+	cJSON_Delete(body);
+	assert_int_equal(fx_simple(f, SMG__ADMIN_REQUEST__OP_GET_WORKER,
+	                     fx_worker(f, "http://a:1")->wk_id, &body),
+	    200);
+	assert_true(cJSON_IsNull(cJSON_GetObjectItem(body, "provider")));
+	assert_int_equal(
+	    cJSON_GetArraySize(cJSON_GetObjectItem(body, "models")), 0);
+	cJSON_Delete(body);
+	/* The alias routes to the model (and to the wildcard workers, as
+	 * the model would); the decision names it. */
+	for (i = 0; i < 4; i++) {
+		fx_route(f, "nick", &d);
+		if (strcmp(d.url, "http://n:1") == 0)
+			break;
+	}
+	assert_true(d.ok);
+	assert_string_equal(d.url, "http://n:1");
+	assert_string_equal(d.model, "canon");
+	assert_string_equal(d.resolved, "canon");
+	fx_route(f, "canon", &d);
+	assert_string_equal(d.resolved, "");
+	fx_route(f, "nope", &d);
+	assert_string_equal(d.resolved, "");
+	assert_string_not_equal(d.url, "http://n:1");
+	/* PUT: the new spec applies; the url may not change. */
+	snprintf(json, sizeof(json),
+	    "{\"url\":\"http://n:1/\",\"priority\":12,\"models\":"
+	    "[{\"id\":\"canon\"}]}");
+	assert_int_equal(fx_update(f, id, json, false, &body), 202);
+	assert_string_equal(cJSON_GetObjectItem(body, "message")->valuestring,
+	    "Worker update queued for background processing");
+	assert_string_equal(cJSON_GetObjectItem(body, "worker_id")->valuestring,
+	    id);
+	cJSON_Delete(body);
+	assert_int_equal(w->wk_priority, 12);
+	assert_int_equal(cJSON_GetArraySize(w->wk_labels), 0);
+	fx_route(f, "nick", &d); /* the new spec has no alias */
+	assert_string_equal(d.resolved, "");
+	assert_int_equal(
+	    fx_update(f, id, "{\"url\":\"http://other:1\"}", false, &body),
+	    400);
+	assert_string_equal(cJSON_GetObjectItem(body, "code")->valuestring,
+	    "BAD_REQUEST");
+	cJSON_Delete(body);
+	/* PATCH: labels merge, the rest stays. */
+	assert_int_equal(fx_update(f, id,
+	                     "{\"labels\":{\"b\":\"2\"},\"cost\":3}", true,
+	                     &body),
+	    202);
+	cJSON_Delete(body);
+	assert_int_equal(fx_update(f, id,
+	                     "{\"labels\":{\"c\":\"3\"},\"api_key\":\"k9\"}",
+	                     true, &body),
+	    202);
+	cJSON_Delete(body);
+	assert_int_equal(w->wk_priority, 12);
+	assert_true(w->wk_cost == 3.0);
+	assert_string_equal(w->wk_api_key, "k9");
+	assert_string_equal(cJSON_GetObjectItem(w->wk_labels, "b")->valuestring,
+	    "2");
+	assert_string_equal(cJSON_GetObjectItem(w->wk_labels, "c")->valuestring,
+	    "3");
+	assert_int_equal(fx_update(f, id, "{\"priority\":-3}", true, &body),
+	    400);
+	cJSON_Delete(body);
+	/* PUT moving the worker to another model and type. */
+	assert_int_equal(fx_update(f, id,
+	                     "{\"url\":\"http://n:1\",\"worker_type\":"
+	                     "\"prefill\",\"models\":[{\"id\":\"m2\"}]}",
+	                     false, &body),
+	    202);
+	cJSON_Delete(body);
+	assert_string_equal(w->wk_model, "m2");
+	assert_int_equal(w->wk_type, SMG__WORKER_TYPE__WORKER_TYPE_PREFILL);
+	assert_int_equal(fx_update(f, "0191e2a4-6b7c-7d3e-8f00-0123456789ab",
+	                     "{}", true, &body),
+	    404);
+	assert_string_equal(cJSON_GetObjectItem(body, "code")->valuestring,
+	    "WORKER_NOT_FOUND");
+	cJSON_Delete(body);
+}
+
+/* A record of an older version (16 hex digit id) gets a UUID, stored. */
+static void
+test_store_migrates_ids(void **state)
+{
+	struct btu_fx *f = *state;
+	struct store *st;
+	struct worker *w;
+	char id[SHM_ID_MAX];
+
+	assert_non_null(st = store_open(f->fx_state));
+	store_put(st, "http://old:5",
+	    "{\"url\":\"http://old:5\",\"id\":\"a3c5f1d2e4b60718\","
+	    "\"model_id\":\"mo\",\"worker_type\":\"regular\","
+	    "\"connection_mode\":\"http\",\"priority\":50,\"cost\":1,"
+	    "\"labels\":{},\"order\":9}");
+	store_close(st);
+	btu_fx_start(f);
+	w = fx_worker(f, "http://old:5");
+	assert_true(uuid_canonical(w->wk_id));
+	assert_string_equal(w->wk_model, "mo");
+	snprintf(id, sizeof(id), "%s", w->wk_id);
+	server_free(f->fx_br);
+	f->fx_br = NULL;
+	btu_fx_start(f);
+	assert_string_equal(fx_worker(f, "http://old:5")->wk_id, id);
 }
 
 int
@@ -1150,6 +1324,10 @@ main(void)
 		    fx_teardown),
 		cmocka_unit_test_setup_teardown(test_admin_shapes, fx_setup,
 		    fx_teardown),
+		cmocka_unit_test_setup_teardown(test_admin_update_and_alias,
+		    fx_setup, fx_teardown),
+		cmocka_unit_test_setup_teardown(test_store_migrates_ids,
+		    fx_setup, fx_teardown),
 		cmocka_unit_test_setup_teardown(test_admin_validation, fx_setup,
 		    fx_teardown),
 		cmocka_unit_test_setup_teardown(test_malformed_and_ping,

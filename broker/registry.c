@@ -16,6 +16,7 @@
 #include "shared/config.h"
 #include "shared/log.h"
 #include "shared/metrics.h"
+#include "shared/uuid.h"
 #include "shared/xmalloc.h"
 
 #include "broker.h"
@@ -122,11 +123,20 @@ registry_normalize_url(const char *url, char *buf, size_t len, char *err,
 	return config_check_worker_url(buf, err, errlen);
 }
 
-void
-registry_worker_id(const char *url, char out[SHM_ID_MAX])
+/*
+ * A worker's id: the one it had (the store, or the shm slot a previous
+ * broker gave it) when that is a UUID, else a new version 7 UUID. Ids of
+ * older stores (16 hex digits) are replaced; the record is rewritten.
+ */
+static void
+registry_assign_id(struct worker *w, const char *given, const char *slot_id)
 {
-	snprintf(out, SHM_ID_MAX, "%016" PRIx64,
-	    (uint64_t)XXH3_64bits(url, strlen(url)));
+	if (given != NULL && uuid_canonical(given))
+		snprintf(w->wk_id, sizeof(w->wk_id), "%s", given);
+	else if (slot_id != NULL && uuid_canonical(slot_id))
+		snprintf(w->wk_id, sizeof(w->wk_id), "%s", slot_id);
+	else
+		uuid_v7(w->wk_id);
 }
 
 const char *
@@ -287,6 +297,55 @@ registry_pick_slot(struct broker *br, const char *url, bool *adopted)
 }
 
 struct model_entry *
+registry_model_find(struct broker *br, const char *name)
+{
+	unsigned i;
+
+	for (i = 0; i < br->br_nmodels; i++) {
+		if (strcmp(br->br_models[i]->me_name, name) == 0)
+			return br->br_models[i];
+	}
+	return NULL;
+}
+
+/* Whether w's spec lists name among the aliases of its first model. */
+static bool
+registry_has_alias(const struct worker *w, const char *name)
+{
+	const cJSON *m, *a;
+
+	m = cJSON_GetArrayItem(
+	    cJSON_GetObjectItemCaseSensitive(w->wk_spec, "models"), 0);
+	cJSON_ArrayForEach(a, cJSON_GetObjectItemCaseSensitive(m, "aliases"))
+	{
+		if (cJSON_IsString(a) && strcmp(a->valuestring, name) == 0)
+			return true;
+	}
+	return false;
+}
+
+const char *
+registry_resolve_alias(struct broker *br, const char *name)
+{
+	struct worker *w;
+	unsigned i;
+
+	if (name == NULL || *name == '\0' ||
+	    strcmp(name, BROKER_MODEL_UNKNOWN) == 0 ||
+	    registry_model_find(br, name) != NULL)
+		return NULL;
+	/* First registered wins, as an alias may name only one model. */
+	for (i = 0; i < br->br_nworkers; i++) {
+		w = br->br_order[i];
+		if (w->wk_spec != NULL &&
+		    strcmp(w->wk_model, BROKER_MODEL_UNKNOWN) != 0 &&
+		    registry_has_alias(w, name))
+			return w->wk_model;
+	}
+	return NULL;
+}
+
+struct model_entry *
 registry_model(struct broker *br, const char *name)
 {
 	struct model_entry *me;
@@ -402,7 +461,6 @@ registry_add(struct broker *br, const struct worker_spec *ws, bool persist,
 	}
 	w = xcalloc(1, sizeof(*w));
 	w->wk_url = xstrdup(ws->ws_url);
-	registry_worker_id(w->wk_url, w->wk_id);
 	w->wk_url_hash = XXH3_64bits(w->wk_url, strlen(w->wk_url));
 	w->wk_model = xstrdup(ws->ws_model != NULL && *ws->ws_model != '\0'
 	        ? ws->ws_model
@@ -452,7 +510,9 @@ registry_add(struct broker *br, const struct worker_spec *ws, bool persist,
 			free(w->wk_model);
 			w->wk_model = xstrdup(old->sw_model);
 		}
+		registry_assign_id(w, ws->ws_id, old->sw_id);
 	} else {
+		registry_assign_id(w, ws->ws_id, NULL);
 		w->wk_generation = seg->sh_workers[slot].ws_w.sw_generation + 1;
 		shm_inflight_reset_slot(br->br_shm, (unsigned)slot);
 	}
@@ -563,6 +623,73 @@ registry_set_model(struct broker *br, struct worker *w, const char *model)
 	w->wk_model = xstrdup(model);
 	registry_index(br, w);
 	registry_tell(br, REGISTRY_WORKER_ADDED, w, NULL);
+	registry_publish(br, w);
+	registry_persist(br, w);
+	registry_update_pool_metrics(br);
+}
+
+void
+registry_update(struct broker *br, struct worker *w,
+    const struct worker_spec *ws)
+{
+	cJSON *labels, *spec;
+	bool moved = (ws->ws_model != NULL && *ws->ws_model != '\0' &&
+	                 strcmp(ws->ws_model, w->wk_model) != 0) ||
+	    ws->ws_type != w->wk_type || ws->ws_mode != w->wk_mode;
+
+	log_info("%s: worker %s replaced%s", __func__, w->wk_url,
+	    moved ? " (pool changed)" : "");
+	if (moved) {
+		registry_unindex(br, w);
+		registry_tell(br, REGISTRY_WORKER_MOVED, w, NULL);
+		if (ws->ws_model != NULL && *ws->ws_model != '\0') {
+			char *m = xstrdup(ws->ws_model);
+
+			free(w->wk_model);
+			w->wk_model = m;
+		}
+		w->wk_type = ws->ws_type;
+		w->wk_mode = ws->ws_mode;
+	}
+	if (ws->ws_runtime != NULL && ws->ws_runtime != w->wk_runtime) {
+		free(w->wk_runtime);
+		w->wk_runtime = xstrdup(ws->ws_runtime);
+	}
+	if (ws->ws_api_key != NULL && ws->ws_api_key != w->wk_api_key) {
+		free(w->wk_api_key);
+		w->wk_api_key =
+		    *ws->ws_api_key != '\0' ? xstrdup(ws->ws_api_key) : NULL;
+	}
+	w->wk_bootstrap_port = ws->ws_bootstrap_port;
+	w->wk_priority = ws->ws_priority;
+	w->wk_cost = ws->ws_cost;
+	/* ws may point into w: copy before freeing. */
+	labels = ws->ws_labels != NULL ? cJSON_Duplicate(ws->ws_labels, 1)
+	                               : cJSON_CreateObject();
+	spec = ws->ws_spec != NULL ? cJSON_Duplicate(ws->ws_spec, 1) : NULL;
+	cJSON_Delete(w->wk_labels);
+	cJSON_Delete(w->wk_spec);
+	w->wk_labels = labels;
+	w->wk_spec = spec;
+	if (w->wk_spec != NULL)
+		cJSON_DeleteItemFromObjectCaseSensitive(w->wk_spec, "api_key");
+	if (w->wk_labels == NULL)
+		fatalx("%s: out of memory", __func__);
+	w->wk_health_disabled =
+	    ws->ws_health_disabled || br->br_set->bs_disable_health_check;
+	if (w->wk_health_disabled && w->wk_status != SHM_WORKER_DRAINING)
+		w->wk_status = SHM_WORKER_READY; /* nothing will probe it */
+	stats_set(br, w->wk_m_health, w->wk_status == SHM_WORKER_READY);
+	w->wk_ov_waiting = ws->ws_ov_waiting > 0
+	    ? ws->ws_ov_waiting
+	    : br->br_set->bs_overload_waiting;
+	w->wk_ov_token_usage = ws->ws_ov_token_usage > 0
+	    ? ws->ws_ov_token_usage
+	    : br->br_set->bs_overload_token_usage;
+	if (moved) {
+		registry_index(br, w);
+		registry_tell(br, REGISTRY_WORKER_ADDED, w, NULL);
+	}
 	registry_publish(br, w);
 	registry_persist(br, w);
 	registry_update_pool_metrics(br);

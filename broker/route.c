@@ -140,8 +140,14 @@ route_one(struct broker *br, const Smg__RouteRequest *req, Smg__Decision *d,
 	bool pd = req->leg != SMG__LEG__LEG_SINGLE, over;
 	int type = route_type_of_leg(req->leg), idx;
 	const char *model = req->model != NULL ? req->model : "";
+	const char *canon;
 
 	d->id = req->id;
+	/* A WorkerSpec alias routes as its model (SMG resolve_model_alias). */
+	if ((canon = registry_resolve_alias(br, model)) != NULL) {
+		model = canon;
+		d->resolved_model = (char *)canon;
+	}
 	n = avail_pool(br, model, type, br->br_set->bs_mode, c);
 	if (n == 0) {
 		if (pd) {

@@ -160,6 +160,10 @@ server_restore(struct broker *br, struct server_rec *rec)
 	if (registry_find(br, url) != NULL)
 		return; /* also on the command line */
 	ws.ws_url = url;
+	/* Not a UUID (a record of an older version): a new id, stored by
+	 * registry_add. */
+	it = cJSON_GetObjectItemCaseSensitive(j, "id");
+	ws.ws_id = cJSON_IsString(it) ? it->valuestring : NULL;
 	it = cJSON_GetObjectItemCaseSensitive(j, "model_id");
 	ws.ws_model = cJSON_IsString(it) ? it->valuestring : NULL;
 	it = cJSON_GetObjectItemCaseSensitive(j, "runtime");

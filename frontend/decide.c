@@ -575,6 +575,8 @@ decide_from_proto(const Smg__Decision *pd, struct decision *d)
 		    pd->worker_url != NULL ? pd->worker_url : "");
 		snprintf(d->dc_model, sizeof(d->dc_model), "%s",
 		    pd->model != NULL ? pd->model : "");
+		snprintf(d->dc_resolved, sizeof(d->dc_resolved), "%s",
+		    pd->resolved_model != NULL ? pd->resolved_model : "");
 		snprintf(d->dc_policy, sizeof(d->dc_policy), "%s",
 		    pd->policy != NULL ? pd->policy : "");
 		if (fallback_fill_worker(fe->fe_shm, d->dc_slot,

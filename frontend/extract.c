@@ -5,6 +5,7 @@
  */
 #include <pthread.h>
 #include <stdint.h>
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,6 +66,7 @@ static const struct {
 	{ "/v1/classify", EXTRACT_EP_CLASSIFY },
 	{ "/v1/messages", EXTRACT_EP_MESSAGES },
 	{ "/v1/responses", EXTRACT_EP_RESPONSES },
+	{ "/v1/audio/transcriptions", EXTRACT_EP_TRANSCRIPTIONS },
 };
 
 static const char *const text_types[] = { "text", NULL };
@@ -83,6 +85,17 @@ extract_route(const char *path, enum extract_endpoint *out)
 		}
 	}
 	return -1;
+}
+
+bool
+extract_model_missing(const char *model)
+{
+	if (model == NULL || strcmp(model, "unknown") == 0)
+		return true;
+	for (; *model != '\0'; model++)
+		if (!isspace((unsigned char)*model))
+			return false;
+	return true;
 }
 
 const char *
@@ -105,6 +118,8 @@ extract_endpoint_name(enum extract_endpoint ep)
 		return "messages";
 	case EXTRACT_EP_RESPONSES:
 		return "responses";
+	case EXTRACT_EP_TRANSCRIPTIONS:
+		return "transcriptions";
 	case EXTRACT_EP_OTHER:
 		break;
 	}
@@ -227,6 +242,7 @@ extract_inputs(enum extract_endpoint ep, const char *body, size_t len,
 	case EXTRACT_EP_RESPONSES:
 		text_responses(&tb, out->ei_json);
 		break;
+	case EXTRACT_EP_TRANSCRIPTIONS:
 	case EXTRACT_EP_OTHER:
 		break;
 	}

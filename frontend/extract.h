@@ -29,6 +29,7 @@ enum extract_endpoint {
 	EXTRACT_EP_CLASSIFY = 6,
 	EXTRACT_EP_MESSAGES = 7,
 	EXTRACT_EP_RESPONSES = 8,
+	EXTRACT_EP_TRANSCRIPTIONS = 9, /* multipart: never parsed */
 };
 
 /* Caps of gateway.md §6.1 and policies.md §1.3. */
@@ -42,7 +43,8 @@ enum extract_endpoint {
  * Which routed POST path of gateway.md §3.1 path is (exact match, query
  * already split off): 0 with *out set, or -1 when it is none of them.
  * /generate, /v1/chat/completions, /v1/completions, /v1/embeddings,
- * /v1/rerank, /rerank, /v1/classify, /v1/messages, /v1/responses.
+ * /v1/rerank, /rerank, /v1/classify, /v1/messages, /v1/responses,
+ * /v1/audio/transcriptions.
  */
 int extract_route(const char *path, enum extract_endpoint *out);
 
@@ -109,6 +111,14 @@ int extract_inputs(enum extract_endpoint ep, const char *body, size_t len,
 int extract_inputs_headers(enum extract_endpoint ep,
     const struct http_request *req, const char *const *routing_key_headers,
     size_t nkeys, struct extract_inputs *out);
+
+/*
+ * Whether model names no model: NULL, blank, or "unknown" (with
+ * --enable-igw, /generate then answers 400 missing_model, as SMG does).
+ */
+bool extract_model_missing(const char *model);
+#define EXTRACT_MISSING_MODEL_MSG                                              \
+	"/generate requests must include a model when IGW routing is enabled"
 
 /* Frees everything in; in may be zeroed. Leaves it zeroed. */
 void extract_inputs_free(struct extract_inputs *in);

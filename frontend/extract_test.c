@@ -121,6 +121,16 @@ test_routes(void **state)
 	assert_int_equal(ep, EXTRACT_EP_MESSAGES);
 	assert_int_equal(extract_route("/v1/responses", &ep), 0);
 	assert_int_equal(ep, EXTRACT_EP_RESPONSES);
+	assert_int_equal(extract_route("/v1/audio/transcriptions", &ep), 0);
+	assert_int_equal(ep, EXTRACT_EP_TRANSCRIPTIONS);
+	assert_string_equal(extract_endpoint_name(ep), "transcriptions");
+	/* IGW /generate needs a model. */
+	assert_true(extract_model_missing(NULL));
+	assert_true(extract_model_missing(""));
+	assert_true(extract_model_missing(" \t"));
+	assert_true(extract_model_missing("unknown"));
+	assert_false(extract_model_missing("m"));
+	assert_false(extract_model_missing(" m "));
 	assert_int_equal(extract_route("/v1/models", &ep), -1);
 	assert_int_equal(extract_route("/generate/", &ep), -1);
 	assert_int_equal(extract_route("/V1/chat/completions", &ep), -1);

@@ -1,8 +1,10 @@
 /*
- * fanout.c: the routes that ask every worker at once (gateway.md §3.2):
- * POST /flush_cache and GET /get_loads, with the Prometheus fallback of
- * gateway.md §9.2 for workers without /v1/loads. One upstream request per
- * worker, answered together once every part ended. Workers registered as
+ * fanout.c: the routes that ask every worker at once (gateway.md §3.2,
+ * §3.3): POST /flush_cache, GET /get_loads (with the Prometheus fallback
+ * of gateway.md §9.2 for workers without /v1/loads), GET /engine_metrics
+ * (the workers' /metrics merged, each sample labelled worker_addr) and
+ * POST /start_profile, /stop_profile. One upstream request per worker,
+ * answered together once every part ended. Workers registered as
  * grpc:// or grpcs:// get their flush as the engine's FlushCache RPC
  * (workers.md §4.1) over shared/grpc.c, on a channel of their own.
  */
@@ -17,6 +19,7 @@
 #include "sglang_scheduler.pb-c.h"
 #include "shared/grpc.h"
 #include "shared/log.h"
+#include "shared/promerge.h"
 #include "shared/promload.h"
 #include "shared/tls.h"
 
@@ -63,6 +66,7 @@ struct fanout {
 	const struct http_request *fo_hr;
 	char fo_id[EXTRACT_REQUEST_ID_MAX + 1];
 	enum fanout_kind fo_kind;
+	char *fo_body; /* /start_profile: the options sent on, or NULL */
 	bool fo_starting; /* parts still being started */
 	size_t fo_n;
 	size_t fo_left;
@@ -82,6 +86,12 @@ static void fanout_free(void *);
 static void fanout_grpc_send(struct fanout_part *);
 static void fanout_grpc_msg_cb(void *, const uint8_t *, size_t);
 static void fanout_grpc_close_cb(void *, const struct grpc_status *);
+static bool fanout_wanted(enum fanout_kind, const struct shm_worker *,
+    const char *, const struct shm_worker *, unsigned);
+static int fanout_profile_body(const struct http_request *, char **, char *,
+    size_t);
+static void fanout_profile_finish(struct fanout *);
+static void fanout_metrics_finish(struct fanout *);
 
 /*
  * Workers whose /v1/loads route is absent (gateway.md §9.2), by slot:
@@ -108,21 +118,37 @@ fanout_start(struct conn *c, const struct http_request *hr,
 	static unsigned slots[SHM_MAX_WORKERS];
 	struct fanout *fo;
 	unsigned slot, n = 0, i;
+	char target[SHM_URL_MAX], *body = NULL;
 
+	target[0] = '\0';
+	if (kind == FANOUT_START_PROFILE || kind == FANOUT_STOP_PROFILE) {
+		if (fanout_profile_body(hr,
+		        kind == FANOUT_START_PROFILE ? &body : NULL, target,
+		        sizeof(target)) == -1) {
+			conn_error(c, 400, "invalid_request",
+			    "Body must be a JSON object of profile options "
+			    "(url: a string)",
+			    id, 0);
+			return;
+		}
+	}
 	for (slot = 0; slot < SHM_MAX_WORKERS; slot++)
 		if (shm_worker_read(fe->fe_shm, slot, &ws[n]) == 0 &&
 		    (ws[n].sw_mode ==
 		            SMG__CONNECTION_MODE__CONNECTION_MODE_HTTP ||
 		        (kind == FANOUT_FLUSH &&
 		            ws[n].sw_mode ==
-		                SMG__CONNECTION_MODE__CONNECTION_MODE_GRPC)))
+		                SMG__CONNECTION_MODE__CONNECTION_MODE_GRPC)) &&
+		    fanout_wanted(kind, &ws[n], target, ws, n))
 			slots[n++] = slot;
 	if ((fo = conn_alloc(c, sizeof(*fo) + n * sizeof(fo->fo_parts[0]))) ==
 	        NULL ||
 	    conn_on_end(c, fanout_free, fo) == -1) {
+		free(body);
 		conn_error(c, 503, "out_of_memory", "Out of memory", id, 0);
 		return;
 	}
+	fo->fo_body = body;
 	fo->fo_conn = c;
 	fo->fo_hr = hr;
 	fo->fo_kind = kind;
@@ -155,12 +181,92 @@ fanout_start(struct conn *c, const struct http_request *hr,
 		fanout_finish(fo);
 }
 
+/* The base URL of a worker: a DP rank suffix "@N" removed. */
+static size_t
+fanout_base_len(const char *url)
+{
+	const char *at = strrchr(url, '@');
+	const char *p;
+
+	if (at == NULL || at[1] == '\0')
+		return strlen(url);
+	for (p = at + 1; *p != '\0'; p++)
+		if (!isdigit((unsigned char)*p))
+			return strlen(url);
+	return (size_t)(at - url);
+}
+
+/*
+ * Whether w (not yet in seen[0..n)) gets a part: /engine_metrics scrapes
+ * each base URL once (DP ranks share it), a profile with a url only that
+ * worker.
+ */
+static bool
+fanout_wanted(enum fanout_kind kind, const struct shm_worker *w,
+    const char *target, const struct shm_worker *seen, unsigned n)
+{
+	size_t len = fanout_base_len(w->sw_url);
+	unsigned i;
+
+	if (target[0] != '\0')
+		return strcmp(w->sw_url, target) == 0;
+	if (kind != FANOUT_ENGINE_METRICS)
+		return true;
+	for (i = 0; i < n; i++)
+		if (fanout_base_len(seen[i].sw_url) == len &&
+		    strncmp(seen[i].sw_url, w->sw_url, len) == 0)
+			return false;
+	return true;
+}
+
+/*
+ * A profile request's body: an optional JSON object whose "url" names one
+ * worker (into target, "" for all); for /start_profile the other fields
+ * are the options sent on (*out, malloc'ed, NULL when none). 0, or -1 on
+ * a body that is no such object.
+ */
+static int
+fanout_profile_body(const struct http_request *hr, char **out, char *target,
+    size_t tlen)
+{
+	cJSON *j, *u;
+
+	if (out != NULL)
+		*out = NULL;
+	if (hr->hr_body_len == 0)
+		return 0;
+	if ((j = cJSON_ParseWithLength(hr->hr_body, hr->hr_body_len)) == NULL ||
+	    !cJSON_IsObject(j)) {
+		cJSON_Delete(j);
+		return -1;
+	}
+	u = cJSON_GetObjectItemCaseSensitive(j, "url");
+	if (u != NULL && !cJSON_IsNull(u)) {
+		if (!cJSON_IsString(u) || strlen(u->valuestring) >= tlen) {
+			cJSON_Delete(j);
+			return -1;
+		}
+		snprintf(target, tlen, "%s", u->valuestring);
+		/* Registered URLs have no trailing '/'. */
+		while (strlen(target) > 1 && target[strlen(target) - 1] == '/')
+			target[strlen(target) - 1] = '\0';
+	}
+	cJSON_DeleteItemFromObjectCaseSensitive(j, "url");
+	if (out != NULL && (*out = cJSON_PrintUnformatted(j)) == NULL) {
+		cJSON_Delete(j);
+		return -1;
+	}
+	cJSON_Delete(j);
+	return 0;
+}
+
 /* Starts the part's current request; a failure to start ends the part. */
 static void
 fanout_send(struct fanout_part *p)
 {
-	struct upstream_header h;
-	const char *path;
+	struct upstream_header h[2];
+	const char *path, *method = "POST", *body = p->fp_fo->fo_body;
+	size_t nh = 0;
 
 	p->fp_status = 0;
 	p->fp_len = 0;
@@ -169,17 +275,41 @@ fanout_send(struct fanout_part *p)
 		fanout_grpc_send(p);
 		return;
 	}
-	if (p->fp_fo->fo_kind == FANOUT_FLUSH)
+	switch (p->fp_fo->fo_kind) {
+	case FANOUT_FLUSH:
 		path = "/flush_cache";
-	else
+		break;
+	case FANOUT_LOADS:
 		path = p->fp_metrics ? "/metrics" : FANOUT_LOADS_PATH;
-	h.uh_name = "authorization";
-	h.uh_name_len = 13;
-	h.uh_value = p->fp_auth;
-	h.uh_value_len = strlen(p->fp_auth);
-	p->fp_up = upstream_request(fe->fe_up, p->fp_url,
-	    p->fp_fo->fo_kind == FANOUT_FLUSH ? "POST" : "GET", path, &h,
-	    p->fp_auth[0] != '\0' ? 1 : 0, NULL, 0, &fanout_cbs, p);
+		method = "GET";
+		break;
+	case FANOUT_ENGINE_METRICS:
+		path = "/metrics";
+		method = "GET";
+		break;
+	case FANOUT_START_PROFILE:
+		path = "/start_profile";
+		break;
+	default:
+		path = "/stop_profile";
+		break;
+	}
+	if (p->fp_auth[0] != '\0') {
+		h[nh].uh_name = "authorization";
+		h[nh].uh_name_len = 13;
+		h[nh].uh_value = p->fp_auth;
+		h[nh].uh_value_len = strlen(p->fp_auth);
+		nh++;
+	}
+	if (body != NULL) {
+		h[nh].uh_name = "content-type";
+		h[nh].uh_name_len = 12;
+		h[nh].uh_value = "application/json";
+		h[nh].uh_value_len = 16;
+		nh++;
+	}
+	p->fp_up = upstream_request(fe->fe_up, p->fp_url, method, path, h, nh,
+	    body, body != NULL ? strlen(body) : 0, &fanout_cbs, p);
 	if (p->fp_up == NULL) {
 		fanout_part_done(p, UPSTREAM_CONNECT_FAILED);
 		return;
@@ -346,6 +476,8 @@ fanout_free(void *arg)
 	struct fanout *fo = arg;
 	size_t i;
 
+	free(fo->fo_body);
+	fo->fo_body = NULL;
 	for (i = 0; i < fo->fo_n; i++) {
 		struct fanout_part *p = &fo->fo_parts[i];
 
@@ -523,10 +655,20 @@ static void
 fanout_finish(struct fanout *fo)
 {
 	struct conn *c = fo->fo_conn;
-	cJSON *j = cJSON_CreateObject(), *arr, *f;
+	cJSON *j, *arr, *f;
 	size_t i, nok = 0, ngrpc = 0;
 	int status = 200;
 
+	if (fo->fo_kind == FANOUT_ENGINE_METRICS) {
+		fanout_metrics_finish(fo);
+		return;
+	}
+	if (fo->fo_kind == FANOUT_START_PROFILE ||
+	    fo->fo_kind == FANOUT_STOP_PROFILE) {
+		fanout_profile_finish(fo);
+		return;
+	}
+	j = cJSON_CreateObject();
 	if (fo->fo_kind == FANOUT_LOADS) {
 		arr = cJSON_AddArrayToObject(j, "workers");
 		for (i = 0; i < fo->fo_n; i++)
@@ -582,4 +724,114 @@ fanout_finish(struct fanout *fo)
 	}
 	fo->fo_conn = NULL;
 	conn_json(c, status, j, fo->fo_id);
+}
+
+/* SMG's ProfileResult: 200 success, 206 partial_success, 404 no worker. */
+static void
+fanout_profile_finish(struct fanout *fo)
+{
+	struct conn *c = fo->fo_conn;
+	bool start = fo->fo_kind == FANOUT_START_PROFILE;
+	cJSON *j = cJSON_CreateObject(), *ok, *failed, *f;
+	char msg[128], err[64];
+	size_t i, nok = 0;
+	int status;
+
+	ok = cJSON_CreateArray();
+	failed = cJSON_CreateArray();
+	for (i = 0; i < fo->fo_n; i++) {
+		const struct fanout_part *p = &fo->fo_parts[i];
+
+		if (p->fp_err == UPSTREAM_OK && p->fp_status >= 200 &&
+		    p->fp_status < 300) {
+			cJSON_AddItemToArray(ok, cJSON_CreateString(p->fp_url));
+			nok++;
+			continue;
+		}
+		if (p->fp_err == UPSTREAM_OK)
+			snprintf(err, sizeof(err), "HTTP %d", p->fp_status);
+		else
+			snprintf(err, sizeof(err), "%s", fanout_error(p));
+		f = cJSON_CreateObject();
+		cJSON_AddStringToObject(f, "worker", p->fp_url);
+		cJSON_AddStringToObject(f, "error", err);
+		cJSON_AddItemToArray(failed, f);
+	}
+	if (fo->fo_n == 0) {
+		status = 404;
+		snprintf(msg, sizeof(msg),
+		    "No workers available for profiling");
+	} else if (nok == fo->fo_n) {
+		status = 200;
+		snprintf(msg, sizeof(msg),
+		    "Successfully %s profiling on all %zu workers",
+		    start ? "started" : "stopped", nok);
+	} else {
+		status = 206;
+		snprintf(msg, sizeof(msg),
+		    "Profile %s: %zu succeeded, %zu failed",
+		    start ? "start" : "stop", nok, fo->fo_n - nok);
+	}
+	cJSON_AddStringToObject(j, "status",
+	    status == 200       ? "success"
+	        : status == 206 ? "partial_success"
+	                        : "error");
+	cJSON_AddStringToObject(j, "message", msg);
+	cJSON_AddNumberToObject(j, "workers_profiled", (double)nok);
+	cJSON_AddNumberToObject(j, "total_workers", (double)fo->fo_n);
+	if (status == 206) {
+		cJSON_AddItemToObject(j, "successful", ok);
+		cJSON_AddItemToObject(j, "failed", failed);
+	} else {
+		cJSON_Delete(ok);
+		cJSON_Delete(failed);
+	}
+	fo->fo_conn = NULL;
+	conn_json(c, status, j, fo->fo_id);
+}
+
+/* /engine_metrics: the merged exposition, or SMG's 500 text. */
+static void
+fanout_metrics_finish(struct fanout *fo)
+{
+	struct conn *c = fo->fo_conn;
+	struct promerge *em;
+	const char *err = NULL;
+	char *text = NULL;
+	size_t i, used = 0, len = 0;
+
+	fo->fo_conn = NULL;
+	if (fo->fo_n == 0)
+		err = "No available workers";
+	else if ((em = promerge_new()) == NULL)
+		err = "Out of memory";
+	else {
+		for (i = 0; i < fo->fo_n; i++) {
+			const struct fanout_part *p = &fo->fo_parts[i];
+
+			if (p->fp_err != UPSTREAM_OK || p->fp_overflow ||
+			    p->fp_status < 200 || p->fp_status >= 300)
+				continue;
+			if (promerge_add(em,
+			        p->fp_body != NULL ? p->fp_body : "", p->fp_len,
+			        "worker_addr", p->fp_url) == -1) {
+				err = "Out of memory";
+				break;
+			}
+			used++;
+		}
+		if (err == NULL && used == 0)
+			err = "All backend requests failed";
+		if (err == NULL && (text = promerge_text(em, &len)) == NULL)
+			err = "Out of memory";
+		promerge_free(em);
+	}
+	if (err != NULL) {
+		conn_respond(c, 500, "text/plain; charset=utf-8", err,
+		    strlen(err), fo->fo_id);
+		return;
+	}
+	conn_respond(c, 200, "text/plain; version=0.0.4; charset=utf-8", text,
+	    len, fo->fo_id);
+	free(text);
 }

@@ -287,6 +287,8 @@ struct decision {
 	uint32_t dc_generation;
 	char dc_url[SHM_URL_MAX];
 	char dc_model[SHM_MODEL_MAX];
+	/* Decision.resolved_model: the model a WorkerSpec alias named, or "" */
+	char dc_resolved[SHM_MODEL_MAX];
 	char dc_policy[FE_POLICY_MAX];
 	char dc_api_key[SHM_KEY_MAX];
 	uint32_t dc_worker_type;
@@ -720,6 +722,9 @@ char *pd_merge_event(const char *ev, size_t len, const cJSON *prefill,
 /* The connection's routes: one complete request read on a connection of
  * that kind goes to the module owning its route. */
 extern const struct conn_routes router_routes;
+/* 405 in the gateway's error shape with Allow: allow; ends the request. */
+void router_method_not_allowed(struct conn *c, const char *allow,
+    const char *request_id);
 
 /* ---------------------------------------------------------- endpoints.c */
 
@@ -736,6 +741,9 @@ void endpoint_metrics(struct conn *c);
 enum fanout_kind {
 	FANOUT_FLUSH = 0, /* POST /flush_cache */
 	FANOUT_LOADS, /* GET /get_loads */
+	FANOUT_ENGINE_METRICS, /* GET /engine_metrics */
+	FANOUT_START_PROFILE, /* POST /start_profile */
+	FANOUT_STOP_PROFILE, /* POST /stop_profile */
 };
 
 /* Asks every worker at once and answers with the combined result. */

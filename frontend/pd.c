@@ -577,8 +577,17 @@ pd_build_body(struct pd_req *rq)
 	for (i = 0; i < n; i++)
 		rooms[i] = pd_room();
 	if (in->ei_model != NULL) {
-		canon = fallback_canonical(fe->fe_cf, in->ei_model);
-		if (strcmp(canon, in->ei_model) != 0 &&
+		/* pd_start made ei_model canonical (--model-alias); the body
+		 * still names what the client sent. A WorkerSpec alias the
+		 * broker resolved wins. */
+		const cJSON *m =
+		    cJSON_GetObjectItemCaseSensitive(in->ei_json, "model");
+
+		canon = pd->dc_resolved[0] != '\0'
+		    ? pd->dc_resolved
+		    : fallback_canonical(fe->fe_cf, in->ei_model);
+		if ((!cJSON_IsString(m) ||
+		        strcmp(canon, m->valuestring) != 0) &&
 		    pd_set(in->ei_json, "model", cJSON_CreateString(canon)) ==
 		        -1)
 			goto out;
@@ -696,6 +705,12 @@ pd_start(struct conn *c, const struct http_request *hr,
 	        cf->cf_routing_key_headers_n, cf->cf_routing_key_override,
 	        &rq->pr_in, &status, &code, msg, sizeof(msg)) == -1) {
 		exchange_fail(rq->pr_ex, status, code, msg, 0);
+		return;
+	}
+	if (cf->cf_enable_igw && ep == EXTRACT_EP_GENERATE &&
+	    extract_model_missing(rq->pr_in.ei_model)) {
+		exchange_fail(rq->pr_ex, 400, "missing_model",
+		    EXTRACT_MISSING_MODEL_MSG, 0);
 		return;
 	}
 	rq->pr_ex->ex_streaming = rq->pr_in.ei_stream;

@@ -57,6 +57,9 @@ static void proxy_hold_body(struct req *, const char *, size_t);
 static void proxy_relay_held(struct req *);
 static void proxy_free(void *);
 static int proxy_resolve_alias(struct req *);
+static size_t proxy_headers(struct req *, const struct decision *, bool, char *,
+    size_t, struct upstream_header *);
+static int proxy_resolved_model(struct req *, const struct decision *);
 static void proxy_start_stream(struct req *);
 static void proxy_body(void *, const char *, size_t, bool);
 static void proxy_body_stalled(void *);
@@ -137,11 +140,27 @@ proxy_start(struct conn *c, const struct http_request *hr,
 		proxy_start_stream(rq);
 		return;
 	}
-	if (extract_inputs(ep, hr->hr_body, hr->hr_body_len, hr,
-	        (const char *const *)cf->cf_routing_key_headers,
-	        cf->cf_routing_key_headers_n, cf->cf_routing_key_override,
-	        &rq->rq_in, &status, &code, msg, sizeof(msg)) == -1) {
+	if (ep == EXTRACT_EP_TRANSCRIPTIONS) {
+		/* Multipart (a chunked upload): sent on unparsed. */
+		if (extract_inputs_headers(ep, hr,
+		        (const char *const *)cf->cf_routing_key_headers,
+		        cf->cf_routing_key_headers_n, &rq->rq_in) == -1) {
+			exchange_fail(rq->rq_ex, 503, "out_of_memory",
+			    "Out of memory", 0);
+			return;
+		}
+	} else if (extract_inputs(ep, hr->hr_body, hr->hr_body_len, hr,
+	               (const char *const *)cf->cf_routing_key_headers,
+	               cf->cf_routing_key_headers_n,
+	               cf->cf_routing_key_override, &rq->rq_in, &status, &code,
+	               msg, sizeof(msg)) == -1) {
 		exchange_fail(rq->rq_ex, status, code, msg, 0);
+		return;
+	}
+	if (cf->cf_enable_igw && ep == EXTRACT_EP_GENERATE &&
+	    extract_model_missing(rq->rq_in.ei_model)) {
+		exchange_fail(rq->rq_ex, 400, "missing_model",
+		    EXTRACT_MISSING_MODEL_MSG, 0);
 		return;
 	}
 	rq->rq_ex->ex_streaming = rq->rq_in.ei_stream;
@@ -260,6 +279,65 @@ proxy_resolve_alias(struct req *rq)
 	return 0;
 }
 
+/*
+ * The attempt's headers (hdr_upstream); a body goes as JSON, but for a
+ * multipart upload (transcriptions), whose own content-type (boundary)
+ * goes on.
+ */
+static size_t
+proxy_headers(struct req *rq, const struct decision *d, bool body, char *auth,
+    size_t alen, struct upstream_header *h)
+{
+	bool multipart = rq->rq_ex->ex_ep == EXTRACT_EP_TRANSCRIPTIONS;
+	const struct http_header *ct;
+	size_t n;
+
+	n = hdr_upstream(rq->rq_hr, rq->rq_id, d->dc_api_key,
+	    body && !multipart, auth, alen, h, HDR_UPSTREAM_MAX);
+	if (multipart && n < HDR_UPSTREAM_MAX &&
+	    (ct = http_request_header(rq->rq_hr, "content-type")) != NULL) {
+		h[n].uh_name = "content-type";
+		h[n].uh_name_len = strlen("content-type");
+		h[n].uh_value = ct->hh_value;
+		h[n].uh_value_len = ct->hh_value_len;
+		n++;
+	}
+	return n;
+}
+
+/*
+ * The broker routed a WorkerSpec alias (Decision.resolved_model): the
+ * worker gets the body with "model" set to the id it knows, as for
+ * --model-alias. 0, or -1 when out of memory.
+ */
+static int
+proxy_resolved_model(struct req *rq, const struct decision *d)
+{
+	struct extract_inputs *in = &rq->rq_in;
+	cJSON *m;
+	char *s;
+
+	if (d->dc_resolved[0] == '\0' || in->ei_json == NULL ||
+	    rq->rq_stream_body)
+		return 0;
+	m = cJSON_GetObjectItemCaseSensitive(in->ei_json, "model");
+	if (cJSON_IsString(m) && strcmp(m->valuestring, d->dc_resolved) == 0)
+		return 0;
+	if ((m = cJSON_CreateString(d->dc_resolved)) == NULL)
+		return -1;
+	if (!cJSON_ReplaceItemInObjectCaseSensitive(in->ei_json, "model", m)) {
+		cJSON_Delete(m);
+		return -1;
+	}
+	if ((s = cJSON_PrintUnformatted(in->ei_json)) == NULL)
+		return -1;
+	free(rq->rq_body_alloc);
+	rq->rq_body_alloc = s;
+	rq->rq_body = s;
+	rq->rq_body_len = strlen(s);
+	return 0;
+}
+
 /* Every leg has its worker: send the attempt. */
 static void
 proxy_routed(void *arg)
@@ -274,9 +352,12 @@ proxy_routed(void *arg)
 	bool post = !rq->rq_ex->ex_fixed || rq->rq_hr->hr_method == HTTP_POST;
 
 	rq->rq_status = 0;
+	if (proxy_resolved_model(rq, d) == -1) {
+		exchange_next(rq->rq_ex, 0, EXCHANGE_NO_MEMORY, 0, NULL);
+		return;
+	}
 	if (rq->rq_stream_body) {
-		n = hdr_upstream(rq->rq_hr, rq->rq_id, d->dc_api_key, true,
-		    auth, sizeof(auth), hdrs, HDR_UPSTREAM_MAX);
+		n = proxy_headers(rq, d, true, auth, sizeof(auth), hdrs);
 		up = upstream_request_stream(fe->fe_up, d->dc_url, "POST",
 		    rq->rq_path, hdrs, n, rq->rq_body_total, &proxy_cbs, rq);
 		if (up != NULL && rq->rq_early_len > 0) {
@@ -291,9 +372,8 @@ proxy_routed(void *arg)
 			}
 		}
 	} else {
-		n = hdr_upstream(rq->rq_hr, rq->rq_id, d->dc_api_key,
-		    post && rq->rq_body_len > 0, auth, sizeof(auth), hdrs,
-		    HDR_UPSTREAM_MAX);
+		n = proxy_headers(rq, d, post && rq->rq_body_len > 0, auth,
+		    sizeof(auth), hdrs);
 		up = upstream_request(fe->fe_up, d->dc_url,
 		    rq->rq_ex->ex_fixed ? rq->rq_hr->hr_method_str : "POST",
 		    rq->rq_path, hdrs, n, rq->rq_body, rq->rq_body_len,
@@ -484,6 +564,12 @@ proxy_stream_wanted(const struct http_request *hr)
 	enum extract_endpoint ep;
 	bool hinted;
 
+	/* Multipart audio is relayed as it comes, whatever its size. */
+	if (hr->hr_method == HTTP_POST && !hr->hr_chunked &&
+	    hr->hr_content_length >= 0 &&
+	    extract_route(hr->hr_path, &ep) == 0 &&
+	    ep == EXTRACT_EP_TRANSCRIPTIONS)
+		return !cf->cf_pd_disaggregation && !cf->cf_epd_disaggregation;
 	if (cf->cf_max_buffered_request_bytes == 0 ||
 	    hr->hr_method != HTTP_POST || hr->hr_chunked ||
 	    hr->hr_content_length < 0 ||

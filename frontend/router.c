@@ -34,7 +34,6 @@ static const struct router_absent router_absent_routes[] = {
 	{ "/parse", true, "the gRPC parsers" },
 	{ "/wasm", true, "WASM" },
 	{ "/v1/realtime", true, "WebRTC (realtime)" },
-	{ "/v1/audio/transcriptions", false, "audio transcription" },
 	{ "/mcp", true, "MCP" },
 	{ "/ha", true, "mesh" },
 };
@@ -60,15 +59,13 @@ static const struct router_known router_known_routes[] = {
 	{ "/stop_profile", "POST" },
 };
 
-static void router_method_not_allowed(struct conn *, const char *,
-    const char *);
 static const char *router_absent_subsystem(const char *);
 static const char *router_known_allow(const char *);
+static enum fanout_kind router_fanout_kind(const char *);
 static void router_serve(struct conn *, const struct http_request *,
     enum extract_endpoint, const char *);
 
-/* 405 in the gateway's error shape, with the Allow header. */
-static void
+void
 router_method_not_allowed(struct conn *c, const char *allow, const char *id)
 {
 	struct http_out *o;
@@ -116,6 +113,20 @@ router_absent_subsystem(const char *path)
 			return ra->ra_subsystem;
 	}
 	return NULL;
+}
+
+static enum fanout_kind
+router_fanout_kind(const char *path)
+{
+	if (strcmp(path, "/flush_cache") == 0)
+		return FANOUT_FLUSH;
+	if (strcmp(path, "/get_loads") == 0)
+		return FANOUT_LOADS;
+	if (strcmp(path, "/engine_metrics") == 0)
+		return FANOUT_ENGINE_METRICS;
+	if (strcmp(path, "/start_profile") == 0)
+		return FANOUT_START_PROFILE;
+	return FANOUT_STOP_PROFILE;
 }
 
 static const char *
@@ -241,6 +252,11 @@ router_dispatch(struct conn *c, const struct http_request *hr,
 		endpoint_first_ready(c, hr, id);
 		return;
 	}
+	if (get && strcmp(path, "/engine_metrics") == 0) {
+		/* Public, as /metrics is (gateway.md §3.2). */
+		fanout_start(c, hr, FANOUT_ENGINE_METRICS, id);
+		return;
+	}
 	if (extract_route(path, &ep) == 0) {
 		if (!post) {
 			router_method_not_allowed(c, "POST", id);
@@ -265,6 +281,8 @@ router_dispatch(struct conn *c, const struct http_request *hr,
 	}
 	if ((post && strcmp(path, "/flush_cache") == 0) ||
 	    (get && strcmp(path, "/get_loads") == 0) ||
+	    (post && strcmp(path, "/start_profile") == 0) ||
+	    (post && strcmp(path, "/stop_profile") == 0) ||
 	    strcmp(path, "/workers") == 0 ||
 	    strncmp(path, "/workers/", 9) == 0) {
 		if (cf->cf_control_plane_auth_pending) {
@@ -287,12 +305,10 @@ router_dispatch(struct conn *c, const struct http_request *hr,
 			    id, 0);
 			return;
 		}
-		if (path[1] == 'f')
-			fanout_start(c, hr, FANOUT_FLUSH, id);
-		else if (path[1] == 'g')
-			fanout_start(c, hr, FANOUT_LOADS, id);
-		else
+		if (path[1] == 'w')
 			workerapi_start(c, hr, id);
+		else
+			fanout_start(c, hr, router_fanout_kind(path), id);
 		return;
 	}
 	if ((allow = router_known_allow(path)) != NULL) {

@@ -1,7 +1,8 @@
 /*
  * workerapi.c: the worker API of gateway.md §3.3 (/workers,
  * /workers/{id}), executed by the broker: the request becomes an
- * AdminRequest, the broker's reply is returned verbatim.
+ * AdminRequest, the broker's reply is returned verbatim. Worker ids are
+ * UUIDs: another id is refused here with SMG's 400 BAD_REQUEST.
  */
 #include <ctype.h>
 #include <stdio.h>
@@ -13,6 +14,7 @@
 #include "frontend/frontend.h"
 #include "shared/ipc.h"
 #include "shared/log.h"
+#include "shared/uuid.h"
 
 struct admin_ctx {
 	struct conn *ac_conn;
@@ -95,6 +97,7 @@ workerapi_start(struct conn *c, const struct http_request *hr, const char *id)
 {
 	Smg__AdminRequest ar = SMG__ADMIN_REQUEST__INIT;
 	Smg__WorkerSpec ws = SMG__WORKER_SPEC__INIT;
+	Smg__WorkerUpdate wu = SMG__WORKER_UPDATE__INIT;
 	struct admin_ctx *ac;
 	char arg[SHM_URL_MAX * 2], *body = NULL;
 	const char *path = hr->hr_path;
@@ -104,9 +107,15 @@ workerapi_start(struct conn *c, const struct http_request *hr, const char *id)
 	if (!collection) {
 		workerapi_unescape(path + 9, strlen(path + 9), arg,
 		    sizeof(arg));
-		if (arg[0] == '\0' || strchr(arg, '/') != NULL) {
-			workerapi_err(c, 400, "invalid_worker_id",
-			    "Invalid worker id", id);
+		if (!uuid_valid(arg)) {
+			char msg[FE_MSG_MAX];
+
+			snprintf(msg, sizeof(msg),
+			    "Invalid worker_id '%.200s' (expected UUID). "
+			    "Error: "
+			    "not a UUID",
+			    arg);
+			workerapi_err(c, 400, "BAD_REQUEST", msg, id);
 			return;
 		}
 	}
@@ -115,7 +124,7 @@ workerapi_start(struct conn *c, const struct http_request *hr, const char *id)
 		u = cJSON_GetObjectItemCaseSensitive(j, "url");
 		if (!cJSON_IsObject(j) || !cJSON_IsString(u)) {
 			cJSON_Delete(j);
-			workerapi_err(c, 400, "invalid_request",
+			workerapi_err(c, 400, "BAD_REQUEST",
 			    "Body must be a JSON object with a string \"url\"",
 			    id);
 			return;
@@ -146,9 +155,23 @@ workerapi_start(struct conn *c, const struct http_request *hr, const char *id)
 	} else if (!collection && hr->hr_method == HTTP_DELETE) {
 		ar.op_case = SMG__ADMIN_REQUEST__OP_REMOVE_WORKER;
 		ar.remove_worker = arg;
+	} else if (!collection &&
+	    (hr->hr_method == HTTP_PUT || hr->hr_method == HTTP_PATCH)) {
+		if ((body = strndup(hr->hr_body, hr->hr_body_len)) == NULL) {
+			conn_error(c, 503, "out_of_memory", "Out of memory", id,
+			    0);
+			return;
+		}
+		wu.id = arg;
+		wu.spec_json = body;
+		wu.partial = hr->hr_method == HTTP_PATCH;
+		ar.op_case = SMG__ADMIN_REQUEST__OP_UPDATE_WORKER;
+		ar.update_worker = &wu;
 	} else {
-		workerapi_err(c, 405, "method_not_allowed",
-		    "Method not allowed", id);
+		router_method_not_allowed(c,
+		    collection ? "GET, POST, DELETE"
+		               : "GET, PUT, PATCH, DELETE",
+		    id);
 		return;
 	}
 	if ((ac = calloc(1, sizeof(*ac))) == NULL) {

@@ -116,6 +116,10 @@ static void api_flush(struct api *, struct srv_conn *,
     const struct srv_request *);
 static void api_control(struct api *, struct srv_conn *,
     const struct srv_request *);
+static void api_profile(struct api *, struct srv_conn *,
+    const struct srv_request *);
+static void api_transcribe(struct api *, struct srv_conn *,
+    const struct srv_request *);
 static cJSON *api_control_state(const struct api *);
 static void api_sim_stats(struct api *, struct srv_conn *,
     const struct srv_request *);
@@ -470,6 +474,12 @@ api_request(void *arg, struct srv_conn *conn, const struct srv_request *req)
 		api_metrics(a, conn, req);
 	} else if (strcmp(path, "/flush_cache") == 0 && (get || post)) {
 		api_flush(a, conn, req);
+	} else if ((strcmp(path, "/start_profile") == 0 ||
+	               strcmp(path, "/stop_profile") == 0) &&
+	    post) {
+		api_profile(a, conn, req);
+	} else if (strcmp(path, "/v1/audio/transcriptions") == 0 && post) {
+		api_transcribe(a, conn, req);
 	} else if (strcmp(path, "/sim/control") == 0 && post) {
 		api_control(a, conn, req);
 	} else if (strcmp(path, "/sim/control") == 0 && get) {
@@ -566,6 +576,15 @@ api_infer(struct api *a, struct srv_conn *conn, const struct srv_request *req,
 		goto bad;
 	}
 	stream = cJSON_IsTrue(v);
+	v = cJSON_GetObjectItemCaseSensitive(body, "model");
+	if (a->a_cfg.ac_strict_model && cJSON_IsString(v) &&
+	    strcmp(v->valuestring, a->a_cfg.ac_model) != 0) {
+		snprintf(msg, sizeof(msg), "The model `%.200s` does not exist.",
+		    v->valuestring);
+		cJSON_Delete(body);
+		api_error(a, conn, req, 404, msg);
+		return;
+	}
 	v = cJSON_GetObjectItemCaseSensitive(body, "sim_hold_ms");
 	if (v != NULL) {
 		if (!cJSON_IsNumber(v) || v->valuedouble < 0 ||
@@ -1250,6 +1269,55 @@ api_flush(struct api *a, struct srv_conn *conn, const struct srv_request *req)
 		    sizeof(busy) - 1);
 	else
 		srv_respond(conn, 200, "text/plain", extra, ok, sizeof(ok) - 1);
+}
+
+/*
+ * SGLang's /start_profile and /stop_profile: an optional JSON object of
+ * options (anything else is 400); the options are echoed back.
+ */
+static void
+api_profile(struct api *a, struct srv_conn *conn, const struct srv_request *req)
+{
+	cJSON *o = NULL, *r;
+
+	if (req->sr_body_len > 0 &&
+	    ((o = cJSON_Parse(req->sr_body)) == NULL || !cJSON_IsObject(o))) {
+		cJSON_Delete(o);
+		api_error(a, conn, req, 400,
+		    "profile options must be a JSON "
+		    "object");
+		return;
+	}
+	r = cJSON_CreateObject();
+	cJSON_AddBoolToObject(r, "success", true);
+	cJSON_AddItemToObject(r, "options",
+	    o != NULL ? o : cJSON_CreateObject());
+	api_reply_json(a, conn, req, 200, r);
+}
+
+/*
+ * /v1/audio/transcriptions: a multipart upload with a "file" part. The
+ * answer says how many bytes came and the form's fields it saw.
+ */
+static void
+api_transcribe(struct api *a, struct srv_conn *conn,
+    const struct srv_request *req)
+{
+	cJSON *r;
+
+	if (req->sr_body_len < 2 || strncmp(req->sr_body, "--", 2) != 0 ||
+	    strstr(req->sr_body, "name=\"file\"") == NULL) {
+		api_error(a, conn, req, 400,
+		    "expected a multipart form with a "
+		    "file part");
+		return;
+	}
+	r = cJSON_CreateObject();
+	cJSON_AddStringToObject(r, "text", "simulated transcription");
+	cJSON_AddNumberToObject(r, "bytes", (double)req->sr_body_len);
+	cJSON_AddBoolToObject(r, "has_model",
+	    strstr(req->sr_body, "name=\"model\"") != NULL);
+	api_reply_json(a, conn, req, 200, r);
 }
 
 static cJSON *

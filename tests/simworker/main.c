@@ -37,6 +37,7 @@ struct main_opts {
 	long long mo_context_length;
 	double mo_time_scale;
 	int mo_no_loads;
+	int mo_strict_model;
 	const char *mo_kv_endpoint;
 	const char *mo_kv_format;
 	const char *mo_kv_topic;
@@ -119,6 +120,8 @@ static const struct main_flag {
 	    "longest prompt + output" },
 	{ "time-scale", MAIN_FLAG_DOUBLE, &opts.mo_time_scale, 0, 1e9,
 	    "run this many times faster (0: no delays)" },
+	{ "strict-model", MAIN_FLAG_BOOL, &opts.mo_strict_model, 0, 0,
+	    "answer 404 to a request naming another model (as vLLM does)" },
 	{ "no-loads", MAIN_FLAG_BOOL, &opts.mo_no_loads, 0, 0,
 	    "answer 404 on /v1/loads" },
 	{ "kv-events-endpoint", MAIN_FLAG_STR, &opts.mo_kv_endpoint, 0, 0,
@@ -380,6 +383,7 @@ main(int argc, char **argv)
 	ac.ac_engine = strcmp(opts.mo_engine, "vllm") == 0 ? SIM_ENGINE_VLLM
 	                                                   : SIM_ENGINE_SGLANG;
 	ac.ac_no_loads = opts.mo_no_loads;
+	ac.ac_strict_model = opts.mo_strict_model;
 	ac.ac_context_length = (uint32_t)opts.mo_context_length;
 	ac.ac_max_running = (uint32_t)opts.mo_max_running;
 	ac.ac_page_size = (uint32_t)opts.mo_page_size;

@@ -346,6 +346,7 @@ struct api_config {
 	const char *ac_worker_id;
 	enum sim_engine_kind ac_engine;
 	int ac_no_loads;
+	int ac_strict_model; /* 404 to a request naming another model */
 	uint32_t ac_context_length;
 	uint32_t ac_max_running;
 	uint32_t ac_page_size;

@@ -87,7 +87,9 @@ def test_worker_api(tmp_path):
             r = g.get("/workers?model=other-model").json()
             assert [x["id"] for x in r["workers"]] == [wid] and r["total"] == 1
             r = g.get("/workers/no-such-worker")
-            assert r.status == 404 and r.json()["code"]
+            assert r.status == 400 and r.json()["code"] == "BAD_REQUEST"
+            r = g.get("/workers/0191e2a4-6b7c-7d3e-8f00-0123456789ab")
+            assert r.status == 404 and r.json()["code"] == "WORKER_NOT_FOUND"
 
             # The added worker serves its model; the worker key is sent.
             r = g.post("/v1/completions", {"model": "other-model",
@@ -111,7 +113,8 @@ def test_worker_api(tmp_path):
                                            "prompt": "hi"})
             assert r.status == 404, r
             assert r.json()["error"]["code"] == "model_not_found"
-            assert g.request("DELETE", "/workers/no-such").status == 404
+            assert g.request("DELETE", "/workers/no-such").status == 400
+            assert g.request("DELETE", f"/workers/{wid}").status == 404
             assert g.request("PATCH", "/workers").status in (400, 405)
             g.stop()
     finally:
