@@ -825,6 +825,8 @@ conn_request_done(struct conn *c)
 		stats_http_response(c->c_method_label, c->c_path_label,
 		    c->c_status != 0 ? c->c_status : 500, c->c_error_code,
 		    ev_time() - c->c_started);
+	/* The extra header lines lived in the request's memory. */
+	http_out_extra(&c->c_out, NULL);
 	/* Whatever the handler still holds goes before the next request. */
 	arena_reset(&c->c_pool);
 	conn_buffer_account(c, 0);

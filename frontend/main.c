@@ -124,6 +124,8 @@ main(int argc, char *argv[])
 	shm_heartbeat(fe->fe_shm, fe->fe_row);
 	stats_init();
 	hdr_init(&cf);
+	auth_init();
+	tenant_init();
 
 	if (cf.cf_tls_cert_path != NULL &&
 	    (fe->fe_tls = tls_ctx_new_server(cf.cf_tls_cert_path,
@@ -186,6 +188,7 @@ main(int argc, char *argv[])
 	ev_timer_stop(loop, &drain_timer);
 	listener_close_all();
 	admission_shutdown();
+	auth_shutdown();
 	decide_shutdown();
 	ipc_client_free(fe->fe_broker);
 	upstream_free(fe->fe_up);

@@ -73,6 +73,7 @@ main(int argc, char *argv[])
 	p->p_tls = poller_tls_new(&cf);
 	p->p_load_on = load_wanted(&cf);
 	p->p_load_interval_ms = (uint64_t)cf.cf_load_monitor_interval * 1000;
+	p->p_jwks = jwks_new(p);
 
 	ev_timer_init(&scan, poller_scan_cb, 0., POLLER_SCAN_SECS);
 	scan.data = p;
@@ -107,6 +108,7 @@ main(int argc, char *argv[])
 		kvevents_stop(&p->p_workers[i]);
 	}
 	kvevents_shutdown(p);
+	jwks_free(p->p_jwks);
 	ipc_client_free(p->p_reports);
 	tls_ctx_free(p->p_tls);
 	shm_row_release(p->p_shm, SHM_ROW_POLLER);
@@ -163,6 +165,7 @@ poller_scan_cb(struct ev_loop *loop, ev_timer *w, int revents)
 	now = shm_now_ms();
 	for (i = 0; i < SHM_MAX_WORKERS; i++)
 		poller_scan_slot(p, i, now);
+	jwks_tick(p->p_jwks, now);
 }
 
 /* Syncs the poller's view of one slot, then runs its schedules. */
