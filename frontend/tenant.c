@@ -164,9 +164,13 @@ const char *
 tenant_label(const char *tenant)
 {
 	const struct config *cf = fe->fe_cf;
-	const char *colon;
+	const char *colon, *p;
 	size_t i, n;
 
+	/* Only what a Prometheus label holds unescaped. */
+	for (p = tenant; *p != '\0'; p++)
+		if (*p == '"' || *p == '\\' || (unsigned char)*p < 0x20)
+			return "other";
 	for (i = 0; i < tenant_policies_n; i++)
 		if (strcmp(tenant_policies[i].tp_key, tenant) == 0)
 			return tenant;
