@@ -452,3 +452,36 @@ def test_trace_context_reaches_the_worker(tmp_path):
     finally:
         g.stop()
         ew.stop()
+
+
+def test_tenant_from_trusted_header(tmp_path):
+    cfg = tmp_path / "limits.json"
+    cfg.write_text(json.dumps({
+        "default_policy": {"requests_per_minute": 6000,
+                           "tokens_per_minute": 100000},
+        "tenants": [{"tenant_key": "header:slow", "requests_per_minute": 6,
+                     "tokens_per_minute": 100000, "burst": 2}]}))
+    w = sim.start_simworker(tmp_path, "--model", "sim-model")
+    g = gw.start_gateway(tmp_path, "--policy", "round_robin",
+                         "--worker-urls", w.url, "--trust-tenant-header",
+                         "--tenant-rate-limit-enabled",
+                         "--tenant-rate-limit-config", cfg)
+    try:
+        g.wait_ready(1)
+        slow = [g.post("/v1/chat/completions", chat(),
+                       headers={"x-smg-tenant-id": " slow "})
+                for _ in range(5)]
+        assert [r.status for r in slow] == [200, 200, 429, 429, 429]
+        assert slow[2].json()["error"]["code"] == "tenant_rate_limited"
+        assert int(slow[2].headers["retry-after"]) >= 1
+        fast = [g.post("/v1/chat/completions", chat(),
+                       headers={"x-smg-tenant-id": "fast"}).status
+                for _ in range(5)]
+        assert fast == [200] * 5
+        m = g.metrics()
+        assert 'smg_tenant_rate_limit_total{tenant="header:slow",' \
+               'result="rejected"} 3' in m
+        assert 'tenant="other",result="allowed"} 5' in m
+    finally:
+        g.stop()
+        w.stop()
