@@ -6,7 +6,9 @@
  * FIFO per frontend) for at most --queue-timeout-secs, and, with
  * --rate-limit-tokens-per-second, a gateway-wide token bucket each admitted
  * request takes one token from. Queue full: 429 admission_queue_full;
- * waited too long: 503 admission_queue_timeout.
+ * waited too long: 503 admission_queue_timeout. Before all of that, the
+ * request's tenant takes one request from its own rate (tenant.c; 429
+ * tenant_rate_limited with Retry-After when over it).
  *
  * A request holds its place until it ends, however it ends (conn_on_end).
  * A frontend learns of places freed by another frontend by looking again
@@ -192,7 +194,18 @@ admission_start(struct conn *c, const struct http_request *hr,
 {
 	const struct config *cf = fe->fe_cf;
 	struct admission *ad;
+	int retry_after;
 
+	/* The tenant's own rate first: an over-limit tenant never takes a
+	 * place or a token that another tenant could use. */
+	if (!tenant_take(reqctx_find(hr), &retry_after)) {
+		stats_add("smg_http_rate_limit_total", "result=\"rejected\"",
+		    1);
+		conn_error(c, 429, "tenant_rate_limited",
+		    "Too many requests: the tenant's rate limit is reached",
+		    request_id, retry_after);
+		return;
+	}
 	if (!admission_enabled()) {
 		start(c, hr, ep, request_id);
 		return;

@@ -878,6 +878,8 @@ conn_request_done(struct conn *c)
 		    ev_time() - c->c_started);
 		conn_access_log(c);
 	}
+	/* The extra header lines lived in the request's memory. */
+	http_out_extra(&c->c_out, NULL);
 	/* Whatever the handler still holds goes before the next request. */
 	arena_reset(&c->c_pool);
 	conn_buffer_account(c, 0);

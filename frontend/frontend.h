@@ -214,13 +214,15 @@ bool hdr_is_looped(const struct http_request *req);
 /*
  * The header list sent to a worker: the forwarded client headers (minus
  * x-request-id, replaced by request_id), authorization ("Bearer
- * <worker_api_key>" formatted into authbuf when that is not empty, else
- * the client's own), via (the client's Via list plus "1.1 <hdr_via_token()>",
- * once hdr_init ran), x-request-id and content-type: application/json when
- * json_body. Pointers borrow req, request_id and authbuf; the via value
- * lives in hdr.c until the next call, so hand the list on (upstream_request
- * copies it) before calling again. Returns the count written to out (at
- * most max).
+ * <worker_api_key>" formatted into authbuf when the worker has a key, else
+ * the client's own unless the gateway authenticated it with a credential
+ * of its own: JWT, tenant or control-plane key), the request's traceparent
+ * and tracestate from its reqctx (trace.c) in place of the client's, via
+ * (the client's Via list plus "1.1 <hdr_via_token()>", once hdr_init ran),
+ * x-request-id and content-type: application/json when json_body. Pointers
+ * borrow req, request_id and authbuf; the via value lives in hdr.c until the
+ * next call, so hand the list on (upstream_request copies it) before calling
+ * again. Returns the count written to out (at most max).
  */
 size_t hdr_upstream(const struct http_request *req, const char *request_id,
     const char *worker_api_key, bool json_body, char *authbuf, size_t authlen,
@@ -416,6 +418,122 @@ bool decide_broker_ready(void);
 int decide_admin(Smg__AdminRequest *ar,
     void (*cb)(void *arg, int status, const uint8_t *reply, size_t len),
     void *arg);
+
+/* ---------------------------------------------------------- reqctx.c */
+
+#define REQCTX_TENANT_MAX 192 /* "auth:<id>", "header:<id>", "anonymous" */
+#define REQCTX_TRACE_MAX  56 /* a version-00 traceparent value */
+#define REQCTX_STATE_MAX  512 /* tracestate relayed whole up to this */
+
+/*
+ * Who sent a request and under which trace, set by the router before the
+ * request goes on and read by the modules it reaches (admission.c for
+ * tenant limits, hdr.c for the headers sent to workers). It lives in the
+ * request's memory and is found again from its struct http_request.
+ */
+enum reqctx_method {
+	REQCTX_NONE = 0, /* nothing presented, or nothing required */
+	REQCTX_API_KEY, /* --api-key */
+	REQCTX_TENANT_KEY, /* --tenant-api-key */
+	REQCTX_CP_KEY, /* --control-plane-api-keys */
+	REQCTX_JWT,
+};
+
+struct reqctx {
+	const struct http_request *rc_hr;
+	enum reqctx_method rc_method;
+	bool rc_admin;
+	char rc_principal[128]; /* key id, tenant id, JWT subject */
+	char rc_tenant[REQCTX_TENANT_MAX];
+	char rc_traceparent[REQCTX_TRACE_MAX]; /* ours, sent to workers */
+	char rc_trace_id[33];
+	char rc_tracestate[REQCTX_STATE_MAX]; /* "" none */
+	LIST_ENTRY(reqctx) rc_link;
+};
+
+/*
+ * The context of c's current request for hr, made on first call (zeroed,
+ * in the request's memory, forgotten when the request ends). NULL when
+ * out of memory.
+ */
+struct reqctx *reqctx_get(struct conn *c, const struct http_request *hr);
+/* The context of a request in progress, NULL when it has none. */
+const struct reqctx *reqctx_find(const struct http_request *hr);
+
+/* ---------------------------------------------------------- auth.c */
+
+/* What the router does with a request after auth_* decided. */
+enum auth_verdict {
+	AUTH_ALLOW = 0,
+	AUTH_UNAUTHENTICATED, /* 401 */
+	AUTH_FORBIDDEN, /* 403: authenticated, not admin */
+};
+
+/*
+ * Loads the credentials of the configuration (keys kept as SHA-256
+ * digests), and with --jwt-* the key set the poller shares in
+ * RUN/jwks.json, watched for changes. Call once at startup.
+ */
+void auth_init(void);
+void auth_shutdown(void);
+/*
+ * The data plane (inference, model listing): a credential is required
+ * when --api-key or --tenant-api-key is set, and then any of the
+ * gateway's credentials is accepted (--api-key, a tenant key, a
+ * control-plane key, a valid JWT: the user role is enough). Fills rx
+ * (principal, tenant) either way; why says what failed.
+ */
+enum auth_verdict auth_data_plane(const struct http_request *hr,
+    struct reqctx *rx, char *why, size_t whylen);
+/*
+ * The control plane (worker API, /flush_cache, /get_loads): with
+ * --control-plane-api-keys or --jwt-* an admin principal is required
+ * (a JWT that fails verification is refused, never retried as a key);
+ * otherwise --api-key when set; otherwise open. Writes the audit line
+ * (one per request) unless --disable-audit-logging.
+ */
+enum auth_verdict auth_control_plane(const struct http_request *hr,
+    const char *request_id, struct reqctx *rx, char *why, size_t whylen);
+/* Verifications done and cache hits, for the measurement tests. */
+void auth_jwt_counts(uint64_t *verified, uint64_t *cached);
+
+/* ---------------------------------------------------------- tenant.c */
+
+/*
+ * Per-tenant request rates (--tenant-rate-limit-*), one GCRA bucket per
+ * tenant in shared memory, so the limit holds across every frontend.
+ * tenant_init loads the limits file (fatal when it cannot: an operator
+ * who turned limits on must not run unlimited). tenant_take takes one
+ * request from rx's tenant; false: over its limit, *retry_after_secs says
+ * when to come back.
+ */
+void tenant_init(void);
+bool tenant_take(const struct reqctx *rx, int *retry_after_secs);
+/* The bounded metric label of a tenant key: itself if configured. */
+const char *tenant_label(const char *tenant);
+
+/* ---------------------------------------------------------- cors.c */
+
+/*
+ * --cors-allowed-origins ("*" lists every origin). cors_preflight answers
+ * an OPTIONS preflight (204; the CORS headers only for a listed origin)
+ * and returns true when hr is one. cors_lines returns the header lines
+ * for the responses to hr (in c's request memory), NULL when its Origin
+ * is not listed or absent.
+ */
+bool cors_preflight(struct conn *c, const struct http_request *hr,
+    const char *request_id);
+char *cors_lines(struct conn *c, const struct http_request *hr);
+
+/* ---------------------------------------------------------- trace.c */
+
+/*
+ * W3C trace context: the client's traceparent (version 00, valid ids)
+ * continued, else a new trace started; rx gets the traceparent sent to
+ * workers (same trace id, the gateway's span as parent) and the client's
+ * tracestate.
+ */
+void trace_start(const struct http_request *hr, struct reqctx *rx);
 
 /* ---------------------------------------------------------- admission.c */
 

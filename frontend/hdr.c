@@ -220,13 +220,19 @@ hdr_upstream(const struct http_request *req, const char *request_id,
     const char *worker_api_key, bool json_body, char *authbuf, size_t authlen,
     struct upstream_header *out, size_t max)
 {
+	const struct reqctx *rx = reqctx_find(req);
 	size_t i, n = 0, vlen;
 	/* A worker with a key of its own gets that key, never the client's
 	 * credentials (which are the gateway's to check). */
 	bool own_key = worker_api_key != NULL && worker_api_key[0] != '\0';
-	bool have_auth = own_key;
+	bool have_auth = own_key, own_auth;
 	int w;
 
+	/* A credential of the gateway's own stays here; the worker gets its
+	 * key instead. */
+	own_auth = rx != NULL &&
+	    (rx->rc_method == REQCTX_JWT || rx->rc_method == REQCTX_CP_KEY ||
+	        rx->rc_method == REQCTX_TENANT_KEY);
 	for (i = 0; req != NULL && i < req->hr_nheaders && n < max; i++) {
 		const struct http_header *h = &req->hr_headers[i];
 
@@ -234,8 +240,13 @@ hdr_upstream(const struct http_request *req, const char *request_id,
 			continue;
 		if (hdr_eq(h->hh_name, h->hh_name_len, "x-request-id"))
 			continue;
+		/* The trace context continues from the gateway's span. */
+		if (rx != NULL && rx->rc_traceparent[0] != '\0' &&
+		    (hdr_eq(h->hh_name, h->hh_name_len, "traceparent") ||
+		        hdr_eq(h->hh_name, h->hh_name_len, "tracestate")))
+			continue;
 		if (hdr_eq(h->hh_name, h->hh_name_len, "authorization")) {
-			if (have_auth)
+			if (have_auth || own_auth)
 				continue;
 			have_auth = true;
 		}
@@ -262,6 +273,20 @@ hdr_upstream(const struct http_request *req, const char *request_id,
 		out[n].uh_value = hdr_via_buf;
 		out[n].uh_value_len = vlen;
 		n++;
+	}
+	if (rx != NULL && rx->rc_traceparent[0] != '\0' && n < max) {
+		out[n].uh_name = "traceparent";
+		out[n].uh_name_len = strlen("traceparent");
+		out[n].uh_value = rx->rc_traceparent;
+		out[n].uh_value_len = strlen(rx->rc_traceparent);
+		n++;
+		if (rx->rc_tracestate[0] != '\0' && n < max) {
+			out[n].uh_name = "tracestate";
+			out[n].uh_name_len = strlen("tracestate");
+			out[n].uh_value = rx->rc_tracestate;
+			out[n].uh_value_len = strlen(rx->rc_tracestate);
+			n++;
+		}
 	}
 	if (request_id != NULL && n < max) {
 		out[n].uh_name = "x-request-id";

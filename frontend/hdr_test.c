@@ -11,6 +11,9 @@
 
 #include "frontend/frontend.h"
 
+/* hdr_upstream looks up request contexts (reqctx.c), which links conn.c. */
+struct frontend *fe;
+
 /* Parses a request head with the shared reader, as the frontend does. */
 static struct http_reader *
 parse(const char *raw, const struct http_request **req)

@@ -140,6 +140,8 @@ main(int argc, char *argv[])
 	shm_heartbeat(fe->fe_shm, fe->fe_row);
 	stats_init();
 	hdr_init(&cf);
+	auth_init();
+	tenant_init();
 
 	if (cf.cf_tls_cert_path != NULL &&
 	    (fe->fe_tls = tls_ctx_new_server(cf.cf_tls_cert_path,
@@ -206,16 +208,18 @@ main(int argc, char *argv[])
 	    fe->fe_tls != NULL ? "https" : "http", cf.cf_host, cf.cf_port,
 	    fe->fe_row, cf.cf_prometheus_port, fe->fe_broker_url);
 	if (fe->fe_row == 0 &&
-	    (cf.cf_api_key == NULL || cf.cf_api_key[0] == '\0'))
-		log_warnx(
-		    "smg-frontend: no --api-key: the worker API, "
-		    "/flush_cache and /get_loads answer only on loopback");
+	    (cf.cf_api_key == NULL || cf.cf_api_key[0] == '\0') &&
+	    cf.cf_control_plane_api_keys_n == 0 &&
+	    (cf.cf_jwt_issuer == NULL || cf.cf_jwt_issuer[0] == '\0'))
+		log_warnx("smg-frontend: no --api-key, control-plane keys or "
+		          "JWT: the control plane answers only on loopback");
 	ev_run(loop, 0);
 
 	ev_timer_stop(loop, &heartbeat_timer);
 	ev_timer_stop(loop, &drain_timer);
 	listener_close_all();
 	admission_shutdown();
+	auth_shutdown();
 	decide_shutdown();
 	ipc_client_free(fe->fe_broker);
 	upstream_free(fe->fe_up);

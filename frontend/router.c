@@ -7,6 +7,12 @@
  * checked first. A known route asked with another method answers 405 with
  * Allow; the routes of SMG subsystems this gateway does not have answer
  * 501 naming the subsystem.
+ *
+ * Who may do what is decided here, through auth.c: CORS preflights first
+ * (browsers send them without credentials), then the data plane
+ * (inference, model listing: any principal) and the control plane (worker
+ * API, /flush_cache, /get_loads: admin). Every request gets its context
+ * (reqctx.c: principal, tenant, trace) before it goes on.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,7 +21,6 @@
 
 #include "frontend/frontend.h"
 #include "shared/log.h"
-#include "shared/secret.h"
 
 /* SMG routes of subsystems this gateway does not have (answer 501). */
 struct router_absent {
@@ -64,6 +69,8 @@ static const char *router_known_allow(const char *);
 static enum fanout_kind router_fanout_kind(const char *);
 static void router_serve(struct conn *, const struct http_request *,
     enum extract_endpoint, const char *);
+static void router_deny(struct conn *, enum auth_verdict, const char *,
+    const char *, const char *);
 
 void
 router_method_not_allowed(struct conn *c, const char *allow, const char *id)
@@ -155,31 +162,46 @@ router_serve(struct conn *c, const struct http_request *hr,
 }
 
 /*
- * The control plane (worker API, /flush_cache, /get_loads) changes what
- * the gateway routes to: with no key to check it is open only to
- * clients on this host.
+ * The control plane (worker API, /flush_cache, /get_loads, profiling)
+ * changes what the gateway routes to: with no credential configured to
+ * check it is open only to clients on this host.
  */
 static bool
 router_admin_allowed(const struct conn *c)
 {
-	const char *key = fe->fe_cf->cf_api_key;
+	const struct config *cf = fe->fe_cf;
 
-	return (key != NULL && key[0] != '\0') || conn_peer_loopback(c);
+	return (cf->cf_api_key != NULL && cf->cf_api_key[0] != '\0') ||
+	    cf->cf_control_plane_api_keys_n > 0 ||
+	    (cf->cf_jwt_issuer != NULL && cf->cf_jwt_issuer[0] != '\0') ||
+	    conn_peer_loopback(c);
 }
 
-static bool
-router_authorized(const struct http_request *hr)
+/*
+ * 401 (with WWW-Authenticate for realm) or 403, in the gateway's error
+ * shape; the CORS lines already set stay.
+ */
+static void
+router_deny(struct conn *c, enum auth_verdict v, const char *why,
+    const char *realm, const char *id)
 {
-	const char *key = fe->fe_cf->cf_api_key;
-	const struct http_header *h;
+	struct http_out *o = conn_out(c);
+	const char *cors = o->ho_extra;
+	char *lines;
+	size_t n;
 
-	if (key == NULL || key[0] == '\0')
-		return true;
-	if ((h = http_request_header(hr, "authorization")) == NULL)
-		return false;
-	return h->hh_value_len >= 7 &&
-	    strncasecmp(h->hh_value, "Bearer ", 7) == 0 &&
-	    secret_equal(key, h->hh_value + 7, h->hh_value_len - 7);
+	if (v == AUTH_FORBIDDEN) {
+		conn_error(c, 403, "forbidden", why, id, 0);
+		return;
+	}
+	n = (cors != NULL ? strlen(cors) : 0) + strlen(realm) + 64;
+	if ((lines = conn_alloc(c, n)) != NULL) {
+		snprintf(lines, n,
+		    "%sWWW-Authenticate: Bearer realm=\"%s\"\r\n",
+		    cors != NULL ? cors : "", realm);
+		http_out_extra(o, lines);
+	}
+	conn_error(c, 401, "unauthorized", why, id, 0);
 }
 
 static void
@@ -191,6 +213,8 @@ router_dispatch(struct conn *c, const struct http_request *hr,
 	const char *path = hr->hr_path;
 	char id[EXTRACT_REQUEST_ID_MAX + 1], labels[128], msg[FE_MSG_MAX];
 	const char *allow, *subsystem;
+	enum auth_verdict v;
+	struct reqctx *rx;
 	bool get = hr->hr_method == HTTP_GET, post = hr->hr_method == HTTP_POST;
 
 	extract_request_id(hr, (const char *const *)cf->cf_request_id_headers,
@@ -231,6 +255,14 @@ router_dispatch(struct conn *c, const struct http_request *hr,
 			conn_error(c, 404, "not_found", "Not found", id, 0);
 		return;
 	}
+	if (cors_preflight(c, hr, id))
+		return;
+	if ((rx = reqctx_get(c, hr)) == NULL) {
+		conn_error(c, 503, "out_of_memory", "Out of memory", id, 0);
+		return;
+	}
+	trace_start(hr, rx);
+	http_out_extra(conn_out(c), cors_lines(c, hr));
 	if (hdr_is_looped(hr)) {
 		conn_error(c, 508, "loop_detected",
 		    "Request loop: it already passed through this gateway", id,
@@ -238,6 +270,11 @@ router_dispatch(struct conn *c, const struct http_request *hr,
 		return;
 	}
 	if (get && strcmp(path, "/v1/models") == 0) {
+		if ((v = auth_data_plane(hr, rx, msg, sizeof(msg))) !=
+		    AUTH_ALLOW) {
+			router_deny(c, v, msg, "data-plane", id);
+			return;
+		}
 		endpoint_models(c, id);
 		return;
 	}
@@ -262,18 +299,9 @@ router_dispatch(struct conn *c, const struct http_request *hr,
 			router_method_not_allowed(c, "POST", id);
 			return;
 		}
-		if (cf->cf_data_plane_auth_pending) {
-			/* Never serve open what a key was meant to guard. */
-			conn_error(c, 501, "not_implemented",
-			    "Data-plane tenant authentication "
-			    "(--tenant-api-key) "
-			    "is not implemented: serving requests are refused",
-			    id, 0);
-			return;
-		}
-		if (!router_authorized(hr)) {
-			conn_error(c, 401, "unauthorized",
-			    "Invalid or missing API key", id, 0);
+		if ((v = auth_data_plane(hr, rx, msg, sizeof(msg))) !=
+		    AUTH_ALLOW) {
+			router_deny(c, v, msg, "data-plane", id);
 			return;
 		}
 		admission_start(c, hr, ep, id, router_serve);
@@ -285,17 +313,9 @@ router_dispatch(struct conn *c, const struct http_request *hr,
 	    (post && strcmp(path, "/stop_profile") == 0) ||
 	    strcmp(path, "/workers") == 0 ||
 	    strncmp(path, "/workers/", 9) == 0) {
-		if (cf->cf_control_plane_auth_pending) {
-			conn_error(c, 501, "not_implemented",
-			    "Control-plane authentication "
-			    "(--control-plane-api-keys, --jwt-*) is not "
-			    "implemented: control-plane requests are refused",
-			    id, 0);
-			return;
-		}
-		if (!router_authorized(hr)) {
-			conn_error(c, 401, "unauthorized",
-			    "Invalid or missing API key", id, 0);
+		if ((v = auth_control_plane(hr, id, rx, msg, sizeof(msg))) !=
+		    AUTH_ALLOW) {
+			router_deny(c, v, msg, "control-plane", id);
 			return;
 		}
 		if (!router_admin_allowed(c)) {

@@ -78,6 +78,7 @@ main(int argc, char *argv[])
 	p->p_grpc_tls = poller_tls_new(&cf, true);
 	p->p_load_on = load_wanted(&cf);
 	p->p_load_interval_ms = (uint64_t)cf.cf_load_monitor_interval * 1000;
+	p->p_jwks = jwks_new(p);
 
 	ev_timer_init(&scan, poller_scan_cb, 0., POLLER_SCAN_SECS);
 	scan.data = p;
@@ -108,6 +109,7 @@ main(int argc, char *argv[])
 	for (i = 0; i < SHM_MAX_WORKERS; i++)
 		poller_stop_slot(&p->p_workers[i]);
 	kvevents_shutdown(p);
+	jwks_free(p->p_jwks);
 	ipc_client_free(p->p_reports);
 	tls_ctx_free(p->p_tls);
 	tls_ctx_free(p->p_grpc_tls);
@@ -184,6 +186,7 @@ poller_scan_cb(struct ev_loop *loop, ev_timer *w, int revents)
 	poller_group_intervals(p);
 	for (i = 0; i < SHM_MAX_WORKERS; i++)
 		poller_scan_slot(p, i, now);
+	jwks_tick(p->p_jwks, now);
 }
 
 /*

@@ -28,6 +28,7 @@ struct ipc_client;
 struct tls_ctx;
 struct pworker;
 struct poller;
+struct jwks;
 
 /* ---- http_client.c ---- */
 
@@ -159,6 +160,32 @@ int rpc_parse_loads(const uint8_t *buf, size_t len, Smg__RankLoad *ranks,
 /* Maps one decoded SchedulerLoad into a RankLoad. */
 void rpc_map_load(const Sglang__Grpc__Scheduler__SchedulerLoad *in,
     Smg__RankLoad *out);
+
+/* ---- jwks.c ---- */
+
+#define JWKS_TTL_SECS     3600 /* a key set is fetched again after this */
+#define JWKS_RETRY_SECS   10 /* after a failed fetch */
+#define JWKS_WANT_SPACING 5 /* refreshes asked by frontends, at most */
+
+/*
+ * The JWT key set of --jwt-issuer (its --jwt-jwks-uri, else the jwks_uri
+ * of its OIDC discovery document), fetched here because the poller is the
+ * process that already speaks HTTP off the request path, and shared with
+ * the frontends as RUN/jwks.json (written whole to a temporary file, then
+ * renamed over it; only a key set that parses is written). Fetched at
+ * start, every JWKS_TTL_SECS, and when a frontend asks (shm_jwks_want,
+ * at most every JWKS_WANT_SPACING); a failed fetch keeps the last file
+ * and tries again after JWKS_RETRY_SECS. jwks_tick runs from the scan.
+ */
+struct jwks *jwks_new(struct poller *p);
+void jwks_tick(struct jwks *j, uint64_t now_ms);
+void jwks_free(struct jwks *j);
+/*
+ * Splits url into base ("scheme://host[:port]") and path ("/..." or "/");
+ * -1 when it is not an http(s) URL or does not fit.
+ */
+int jwks_split_url(const char *url, char *base, size_t baselen, char *path,
+    size_t pathlen);
 
 /* ---- register.c ---- */
 
@@ -420,6 +447,7 @@ struct poller {
 	uint64_t p_load_interval_ms;
 	void *p_zmq; /* ZMQ context, made on the first subscription */
 	struct pworker p_workers[SHM_MAX_WORKERS];
+	struct jwks *p_jwks; /* NULL without --jwt-issuer */
 };
 
 /*

@@ -71,7 +71,6 @@ enum compat_value {
 	CV_APPEND, /* one value per occurrence, repeatable */
 	CV_CHOICE, /* one of ck_choices */
 	CV_IP, /* an IPv4 or IPv6 address */
-	CV_TENANT_KEY, /* tenant_id:key, repeatable */
 	CV_ID_SOURCE, /* namespace, label:<key> or annotation:<key> */
 };
 
@@ -215,12 +214,7 @@ _Static_assert(offsetof(struct config, cf_argv) == 0, "cf_argv first");
 #define SUB_WEBRTC   "WebRTC"
 #define SUB_PRIORITY "the priority scheduler"
 #define SUB_RUNTIME  "a thread runtime (smg-c runs processes: --frontends)"
-#define SUB_CP_AUTH  "control-plane authentication"
-#define SUB_DP_AUTH  "data-plane tenant authentication"
-#define SUB_TENANT   "tenants"
-#define SUB_CORS     "CORS"
 #define SUB_TRACE    "tracing"
-#define SUB_AUDIT    "audit logging"
 
 static const char *const config_history_backends[] = { "memory", "none",
 	"oracle", "postgres", "redis", NULL };
@@ -595,6 +589,37 @@ static const struct config_key config_keys[] = {
 	LISTV("ca-cert-paths", NULL, cf_ca_cert_paths, NULL, KC_NONE, 0,
 	    "PEM...", "CAs verifying https:// workers (default: system)"),
 
+	SECTION("Authentication, tenants and CORS"),
+	LISTV("control-plane-api-keys", NULL, cf_control_plane_api_keys, NULL,
+	    KC_NONE, KF_ONE, "ID:NAME:ROLE:KEY",
+	    "control-plane key, role admin or user (repeatable; also "
+	    "CONTROL_PLANE_API_KEYS)"),
+	STRV("jwt-issuer", NULL, cf_jwt_issuer, NULL, KC_URL, "URL",
+	    "JWT issuer (iss); its OIDC discovery finds the JWKS"),
+	STRV("jwt-audience", NULL, cf_jwt_audience, NULL, KC_NONE, "AUD",
+	    "JWT audience (aud) required"),
+	STRV("jwt-jwks-uri", NULL, cf_jwt_jwks_uri, NULL, KC_URL, "URL",
+	    "JWKS URL (default: from OIDC discovery)"),
+	STRV("jwt-role-claim", NULL, cf_jwt_role_claim, "roles", KC_NONE,
+	    "CLAIM", "JWT claim holding the roles"),
+	LISTV("jwt-role-mapping", NULL, cf_jwt_role_mapping, NULL, KC_NONE,
+	    KF_ONE, "IDP=ROLE", "IdP role to admin or user (repeatable)"),
+	LISTV("tenant-api-key", NULL, cf_tenant_api_keys, NULL, KC_NONE, KF_ONE,
+	    "TENANT:KEY", "data-plane key of one tenant (repeatable)"),
+	SWITCH("disable-audit-logging", NULL, 0, cf_disable_audit_logging,
+	    "no audit line per control-plane request"),
+	SWITCH("trust-tenant-header", NULL, 0, cf_trust_tenant_header,
+	    "tenant id from --tenant-header-name when no key names one"),
+	STRV("tenant-header-name", NULL, cf_tenant_header_name,
+	    "x-smg-tenant-id", KC_HEADER, "NAME", "tenant id header"),
+	SWITCH("tenant-rate-limit-enabled", NULL, 0,
+	    cf_tenant_rate_limit_enabled, "per-tenant request rate limits"),
+	STRV("tenant-rate-limit-config", NULL, cf_tenant_rate_limit_config,
+	    NULL, KC_NONE, "PATH",
+	    "per-tenant limits (JSON form of SMG's YAML)"),
+	LISTV("cors-allowed-origins", NULL, cf_cors_allowed_origins, NULL,
+	    KC_NONE, 0, "ORIGIN...", "origins answered with CORS headers"),
+
 	SECTION("SMG flags accepted without effect (docs/compat.md)"),
 	ACCEPT("chat-template", CV_STRING, KCOMPAT_INERT, SUB_GRPC, "PATH",
 	    "chat template of the gRPC path"),
@@ -690,36 +715,6 @@ static const struct config_key config_keys[] = {
 	    SUB_PRIORITY, "PATH", "priority scheduler"),
 	ACCEPTL("priority-scheduler-tenant-metric-top-n", 0, U32_MAX_L,
 	    KCOMPAT_ABSENT, SUB_PRIORITY, "priority scheduler"),
-	ACCEPT("control-plane-api-keys", CV_APPEND, KCOMPAT_PENDING,
-	    SUB_CP_AUTH, "ID:NAME:ROLE:KEY",
-	    "control-plane keys (control-plane routes answer 501 while "
-	    "unimplemented)"),
-	ACCEPT("jwt-issuer", CV_STRING, KCOMPAT_PENDING, SUB_CP_AUTH, "URL",
-	    "control-plane JWT (control-plane routes answer 501)"),
-	ACCEPT("jwt-audience", CV_STRING, KCOMPAT_PENDING, SUB_CP_AUTH, "AUD",
-	    "control-plane JWT (control-plane routes answer 501)"),
-	ACCEPT("jwt-jwks-uri", CV_STRING, KCOMPAT_PENDING, SUB_CP_AUTH, "URL",
-	    "control-plane JWT (control-plane routes answer 501)"),
-	ACCEPT("jwt-role-claim", CV_STRING, KCOMPAT_PENDING, SUB_CP_AUTH,
-	    "CLAIM", "control-plane JWT role claim"),
-	ACCEPT("jwt-role-mapping", CV_APPEND, KCOMPAT_PENDING, SUB_CP_AUTH,
-	    "IDP=ROLE", "control-plane JWT role mapping"),
-	ACCEPT("tenant-api-key", CV_TENANT_KEY, KCOMPAT_PENDING, SUB_DP_AUTH,
-	    "TENANT:KEY",
-	    "data-plane tenant keys (serving routes answer 501 while "
-	    "unimplemented)"),
-	ACCEPT("disable-audit-logging", CV_SWITCH, KCOMPAT_PENDING, SUB_AUDIT,
-	    NULL, "control-plane audit log"),
-	ACCEPT("trust-tenant-header", CV_SWITCH, KCOMPAT_PENDING, SUB_TENANT,
-	    NULL, "tenant id from a header"),
-	ACCEPT("tenant-header-name", CV_STRING, KCOMPAT_PENDING, SUB_TENANT,
-	    "NAME", "tenant id header"),
-	ACCEPT("tenant-rate-limit-enabled", CV_SWITCH, KCOMPAT_PENDING,
-	    SUB_TENANT, NULL, "per-tenant rate limits"),
-	ACCEPT("tenant-rate-limit-config", CV_STRING, KCOMPAT_PENDING,
-	    SUB_TENANT, "PATH", "per-tenant rate limits"),
-	ACCEPT("cors-allowed-origins", CV_LIST, KCOMPAT_PENDING, SUB_CORS,
-	    "ORIGIN...", "CORS origins"),
 	ACCEPT("enable-trace", CV_SWITCH, KCOMPAT_PENDING, SUB_TRACE, NULL,
 	    "OpenTelemetry tracing"),
 	ACCEPT("otlp-traces-endpoint", CV_STRING, KCOMPAT_PENDING, SUB_TRACE,
@@ -804,6 +799,9 @@ static int check_power_of_two(const char *, size_t, const char *, char *,
     size_t);
 static int check_compat(struct config *, char *, size_t);
 static int check_values(struct config *, char *, size_t);
+static int check_idp_url(const char *, const char *, char *, size_t);
+static bool check_role_name(const char *, size_t);
+static int check_auth(struct config *, char *, size_t);
 static int check_own(struct config *, char *, size_t);
 static int config_finish(struct config *, struct parse_state *, char *, size_t);
 static void key_usage(FILE *, const struct config_key *);
@@ -1254,7 +1252,6 @@ compat_check(const struct config_key *k, const char *flag, const char *val,
 {
 	struct in6_addr a6;
 	struct in_addr a4;
-	const char *colon;
 	char list[256];
 	long l;
 	size_t i;
@@ -1277,12 +1274,6 @@ compat_check(const struct config_key *k, const char *flag, const char *val,
 			return 0;
 		return cfg_err(err, errlen, "%s: invalid IP address '%s'", flag,
 		    val);
-	case CV_TENANT_KEY:
-		colon = strchr(val, ':');
-		if (colon == NULL || colon == val || colon[1] == '\0')
-			return cfg_err(err, errlen,
-			    "%s: expected 'tenant_id:key'", flag);
-		return 0;
 	case CV_ID_SOURCE:
 		if (strcasecmp(val, "namespace") == 0 ||
 		    (strncmp(val, "label:", 6) == 0 && val[6] != '\0') ||
@@ -1334,9 +1325,7 @@ compat_value(const struct config_key *k, const char *flag, const char *val,
 }
 
 /*
- * One warning line per KT_COMPAT flag given, and the fail-closed marks of
- * the authentication flags not implemented yet: what they would protect
- * answers 501 rather than being served open.
+ * One warning line per KT_COMPAT flag given.
  */
 static int
 compat_finish(struct config *cf, struct parse_state *ps)
@@ -1364,18 +1353,8 @@ compat_finish(struct config *cf, struct parse_state *ps)
 		    cf->cf_warnings_n + 1, sizeof(char *));
 		cf->cf_warnings[cf->cf_warnings_n++] = xasprintf(
 		    "--%s: accepted, %s %s%s", k->ck_name, why, k->ck_subsystem,
-		    strcmp(k->ck_subsystem, SUB_CP_AUTH) == 0
-		        ? " (control-plane routes answer 501)"
-		        : strcmp(k->ck_subsystem, SUB_DP_AUTH) == 0
-		        ? " (serving routes answer 501)"
-		        : k->ck_compat == KCOMPAT_ABSENT
-		        ? " (its routes answer 501)"
-		        : "");
-		if (strcmp(k->ck_subsystem, SUB_CP_AUTH) == 0 &&
-		    strcmp(k->ck_name, "jwt-role-claim") != 0)
-			cf->cf_control_plane_auth_pending = true;
-		if (strcmp(k->ck_subsystem, SUB_DP_AUTH) == 0)
-			cf->cf_data_plane_auth_pending = true;
+		    k->ck_compat == KCOMPAT_ABSENT ? " (its routes answer 501)"
+		                                   : "");
 	}
 	return 0;
 }
@@ -1965,6 +1944,115 @@ check_values(struct config *cf, char *err, size_t errlen)
 	return 0;
 }
 
+/* http:// is for a loopback identity provider only (tests, sidecars). */
+static int
+check_idp_url(const char *flag, const char *url, char *err, size_t errlen)
+{
+	const char *host;
+
+	if (strncasecmp(url, "https://", 8) == 0)
+		return 0;
+	if (strncasecmp(url, "http://", 7) != 0)
+		return cfg_err(err, errlen, "%s: '%s' is not an https:// URL",
+		    flag, url);
+	host = url + 7;
+	if (strncmp(host, "127.", 4) == 0 ||
+	    strncasecmp(host, "localhost", 9) == 0 ||
+	    strncmp(host, "[::1]", 5) == 0)
+		return 0;
+	return cfg_err(err, errlen,
+	    "%s: '%s': http:// only for a loopback issuer (use https://)", flag,
+	    url);
+}
+
+/* Is s "admin" or "user" (any case)? */
+static bool
+check_role_name(const char *s, size_t n)
+{
+	return (n == 5 && strncasecmp(s, "admin", 5) == 0) ||
+	    (n == 4 && strncasecmp(s, "user", 4) == 0);
+}
+
+/*
+ * Authentication flags (docs/decisions.md): CONTROL_PLANE_API_KEYS when no
+ * --control-plane-api-keys is given, every entry well formed, JWT issuer
+ * and audience together. A malformed key is refused rather than skipped:
+ * skipping could leave a route open that the operator meant to guard.
+ */
+static int
+check_auth(struct config *cf, char *err, size_t errlen)
+{
+	const char *env, *p, *q, *f[3];
+	char *dup, *tok, *save;
+	size_t i, k;
+
+	env = getenv("CONTROL_PLANE_API_KEYS");
+	if (cf->cf_control_plane_api_keys_n == 0 && env != NULL &&
+	    env[0] != '\0') {
+		dup = xstrdup(env);
+		for (tok = strtok_r(dup, ",", &save); tok != NULL;
+		     tok = strtok_r(NULL, ",", &save)) {
+			cf->cf_control_plane_api_keys =
+			    xreallocarray(cf->cf_control_plane_api_keys,
+			        cf->cf_control_plane_api_keys_n + 1,
+			        sizeof(char *));
+			cf->cf_control_plane_api_keys
+			    [cf->cf_control_plane_api_keys_n++] = xstrdup(tok);
+		}
+		free(dup);
+	}
+	for (i = 0; i < cf->cf_control_plane_api_keys_n; i++) {
+		p = cf->cf_control_plane_api_keys[i];
+		for (k = 0; k < 3; k++) {
+			f[k] = p;
+			if ((q = strchr(p, ':')) == NULL)
+				break;
+			p = q + 1;
+		}
+		if (k < 3 || f[1] == f[0] || *p == '\0' ||
+		    !check_role_name(f[2], (size_t)(p - 1 - f[2])))
+			return cfg_err(err, errlen,
+			    "--control-plane-api-keys: entry %zu: expected "
+			    "'id:name:role:key' with role admin or user",
+			    i + 1);
+	}
+	for (i = 0; i < cf->cf_jwt_role_mapping_n; i++) {
+		p = cf->cf_jwt_role_mapping[i];
+		if ((q = strchr(p, '=')) == NULL || q == p ||
+		    !check_role_name(q + 1, strlen(q + 1)))
+			return cfg_err(err, errlen,
+			    "--jwt-role-mapping: '%s': expected "
+			    "'idp_role=admin' or 'idp_role=user'",
+			    p);
+	}
+	for (i = 0; i < cf->cf_tenant_api_keys_n; i++) {
+		p = cf->cf_tenant_api_keys[i];
+		if ((q = strchr(p, ':')) == NULL || q == p || q[1] == '\0')
+			return cfg_err(err, errlen,
+			    "--tenant-api-key: entry %zu: expected "
+			    "'tenant_id:key'",
+			    i + 1);
+	}
+	if ((cf->cf_jwt_issuer != NULL) != (cf->cf_jwt_audience != NULL) ||
+	    (cf->cf_jwt_jwks_uri != NULL && cf->cf_jwt_issuer == NULL))
+		return cfg_err(err, errlen,
+		    "--jwt-issuer and --jwt-audience go together (and "
+		    "--jwt-jwks-uri needs them)");
+	if (cf->cf_jwt_issuer != NULL &&
+	    check_idp_url("--jwt-issuer", cf->cf_jwt_issuer, err, errlen) == -1)
+		return -1;
+	if (cf->cf_jwt_jwks_uri != NULL &&
+	    check_idp_url("--jwt-jwks-uri", cf->cf_jwt_jwks_uri, err, errlen) ==
+	        -1)
+		return -1;
+	if (cf->cf_tenant_rate_limit_enabled &&
+	    cf->cf_tenant_rate_limit_config == NULL)
+		return cfg_err(err, errlen,
+		    "--tenant-rate-limit-enabled needs "
+		    "--tenant-rate-limit-config");
+	return 0;
+}
+
 /* smg-c's own flags: computed defaults and their bounds. */
 static int
 check_own(struct config *cf, char *err, size_t errlen)
@@ -2010,6 +2098,8 @@ config_finish(struct config *cf, struct parse_state *ps, char *err,
 	if (check_values(cf, err, errlen) == -1)
 		return -1;
 	if (compat_finish(cf, ps) == -1)
+		return -1;
+	if (check_auth(cf, err, errlen) == -1)
 		return -1;
 	return check_own(cf, err, errlen);
 }

@@ -258,16 +258,31 @@ struct config {
 	long cf_frontend_slot; /* -1 = any; else 0..cf_frontends-1 */
 	bool cf_check_config;
 
+	/* Who may do what (gateway.md §2; docs/decisions.md). */
+	char **cf_control_plane_api_keys; /* id:name:role:key each */
+	size_t cf_control_plane_api_keys_n;
+	char *cf_jwt_issuer;
+	char *cf_jwt_audience;
+	char *cf_jwt_jwks_uri;
+	char *cf_jwt_role_claim; /* "roles" */
+	char **cf_jwt_role_mapping; /* idp_role=admin|user each */
+	size_t cf_jwt_role_mapping_n;
+	char **cf_tenant_api_keys; /* tenant_id:key each */
+	size_t cf_tenant_api_keys_n;
+	bool cf_disable_audit_logging;
+	bool cf_trust_tenant_header;
+	char *cf_tenant_header_name; /* "x-smg-tenant-id", lowercase */
+	bool cf_tenant_rate_limit_enabled;
+	char *cf_tenant_rate_limit_config;
+	char **cf_cors_allowed_origins;
+	size_t cf_cors_allowed_origins_n;
+
 	/*
 	 * SMG flags accepted without effect (docs/compat.md): one line each,
 	 * "--flag: accepted, ...", for the launcher to log at startup.
 	 */
 	char **cf_warnings;
 	size_t cf_warnings_n;
-	/* Authentication flags given but not implemented yet: what they
-	 * protect answers 501 instead of being served unauthenticated. */
-	bool cf_control_plane_auth_pending;
-	bool cf_data_plane_auth_pending;
 };
 
 enum config_result {

@@ -956,7 +956,16 @@ http_out_headerf(struct http_out *o, const char *name, const char *fmt, ...)
 int
 http_out_end_head(struct http_out *o)
 {
+	if (o->ho_extra != NULL &&
+	    http_out_append(o, o->ho_extra, strlen(o->ho_extra)) == -1)
+		return -1;
 	return http_out_append(o, "\r\n", 2);
+}
+
+void
+http_out_extra(struct http_out *o, const char *text)
+{
+	o->ho_extra = text;
 }
 
 char *

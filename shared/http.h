@@ -175,9 +175,18 @@ struct http_out {
 	size_t ho_len;
 	size_t ho_cap;
 	bool ho_failed;
+	/* Header lines ("Name: value\r\n"...) every head gets before its
+	 * blank line; borrowed, NULL none (http_out_extra). */
+	const char *ho_extra;
 };
 
 void http_out_init(struct http_out *o);
+/*
+ * Header lines added to every head http_out_end_head ends from now on
+ * (CORS, WWW-Authenticate): text is borrowed until cleared with NULL, and
+ * must hold only well-formed "Name: value\r\n" lines.
+ */
+void http_out_extra(struct http_out *o, const char *text);
 void http_out_reset(struct http_out *o);
 void http_out_free(struct http_out *o);
 int http_out_append(struct http_out *o, const void *data, size_t len);

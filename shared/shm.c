@@ -35,6 +35,8 @@ static int shm_row_reclaim(struct shm *, struct shm_row *, int32_t);
 static void shm_admission_return(struct shm *, struct shm_row *);
 static int shm_row_take(struct shm *, int);
 static void shm_row_zero(struct shm_row *);
+static bool shm_gcra_take(_Atomic int64_t *, double, double, uint64_t,
+    uint64_t *);
 
 static int
 shm_path(char *buf, size_t len, const char *run_dir)
@@ -711,11 +713,11 @@ shm_admission_total(struct shm *shm, enum shm_admission which)
 	    memory_order_relaxed);
 }
 
-bool
-shm_rate_take(struct shm *shm, double rate, double burst, uint64_t now_us,
+/* GCRA on one arrival time (see shm_rate_take). */
+static bool
+shm_gcra_take(_Atomic int64_t *p, double rate, double burst, uint64_t now_us,
     uint64_t *wait_us)
 {
-	_Atomic int64_t *p = &shm->sm_seg->sh_rate_tat_us;
 	int64_t tat, next, now = (int64_t)now_us, step, slack;
 
 	if (rate <= 0)
@@ -737,4 +739,62 @@ shm_rate_take(struct shm *shm, double rate, double burst, uint64_t now_us,
 		        memory_order_acq_rel, memory_order_relaxed))
 			return true;
 	}
+}
+
+bool
+shm_rate_take(struct shm *shm, double rate, double burst, uint64_t now_us,
+    uint64_t *wait_us)
+{
+	return shm_gcra_take(&shm->sm_seg->sh_rate_tat_us, rate, burst, now_us,
+	    wait_us);
+}
+
+unsigned
+shm_tenant_slot(struct shm *shm, uint64_t key_hash)
+{
+	struct shm_segment *seg = shm->sm_seg;
+	uint64_t cur;
+	unsigned i, at;
+
+	if (key_hash == 0)
+		key_hash = 1;
+	for (i = 0; i < SHM_MAX_TENANTS; i++) {
+		at = (unsigned)((key_hash + i) % SHM_MAX_TENANTS);
+		cur = atomic_load_explicit(&seg->sh_tenant_key[at],
+		    memory_order_acquire);
+		if (cur == key_hash)
+			return at;
+		if (cur == 0 &&
+		    atomic_compare_exchange_strong_explicit(
+		        &seg->sh_tenant_key[at], &cur, key_hash,
+		        memory_order_acq_rel, memory_order_acquire))
+			return at;
+		if (cur == key_hash)
+			return at;
+	}
+	return SHM_MAX_TENANTS - 1;
+}
+
+bool
+shm_tenant_rate_take(struct shm *shm, unsigned slot, double rate, double burst,
+    uint64_t now_us, uint64_t *wait_us)
+{
+	if (slot >= SHM_MAX_TENANTS)
+		slot = SHM_MAX_TENANTS - 1;
+	return shm_gcra_take(&shm->sm_seg->sh_tenant_tat_us[slot], rate, burst,
+	    now_us, wait_us);
+}
+
+void
+shm_jwks_want(struct shm *shm)
+{
+	atomic_fetch_add_explicit(&shm->sm_seg->sh_jwks_wanted, 1,
+	    memory_order_relaxed);
+}
+
+uint32_t
+shm_jwks_wanted(struct shm *shm)
+{
+	return atomic_load_explicit(&shm->sm_seg->sh_jwks_wanted,
+	    memory_order_relaxed);
 }

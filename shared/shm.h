@@ -40,6 +40,7 @@
 #define SHM_KEY_MAX            256
 #define SHM_SERIES_NAME_MAX    256
 #define SHM_HEARTBEAT_STALE_MS 3000
+#define SHM_MAX_TENANTS        1024
 
 /* Process rows: frontends 0..SHM_MAX_FRONTENDS-1, then these. */
 #define SHM_ROW_BROKER   (SHM_MAX_FRONTENDS + 0)
@@ -139,6 +140,16 @@ struct shm_segment {
 	_Atomic uint32_t sh_prefill_rate[SHM_MAX_WORKERS];
 	struct shm_row sh_rows[SHM_ROWS];
 	struct shm_series sh_series[SHM_MAX_SERIES];
+	/*
+	 * Per-tenant rate limiters: a tenant key's hash (0: free) and its
+	 * GCRA arrival time; claimed once, never freed (shm_tenant_slot).
+	 */
+	_Atomic uint64_t sh_tenant_key[SHM_MAX_TENANTS];
+	_Atomic int64_t sh_tenant_tat_us[SHM_MAX_TENANTS];
+	/* Bumped by a frontend that met a JWT with an unknown key id; the
+	 * process fetching the JWKS refreshes it when this changes. */
+	_Atomic uint32_t sh_jwks_wanted;
+	uint32_t sh_pad2;
 	/* Values: [row][series]; counters add, gauges are summed too. */
 	_Atomic int64_t sh_values[SHM_ROWS][SHM_MAX_SERIES];
 };
@@ -255,5 +266,17 @@ uint32_t shm_admission_total(struct shm *shm, enum shm_admission which);
  */
 bool shm_rate_take(struct shm *shm, double rate, double burst, uint64_t now_us,
     uint64_t *wait_us);
+/*
+ * The slot of tenant key_hash (non-zero) among SHM_MAX_TENANTS, claiming a
+ * free one the first time; when every slot is taken, the tenants left out
+ * share the last slot. Any process.
+ */
+unsigned shm_tenant_slot(struct shm *shm, uint64_t key_hash);
+/* shm_rate_take on the bucket of a tenant slot. */
+bool shm_tenant_rate_take(struct shm *shm, unsigned slot, double rate,
+    double burst, uint64_t now_us, uint64_t *wait_us);
+/* The JWKS refresh wish: frontends bump it, its fetcher watches it. */
+void shm_jwks_want(struct shm *shm);
+uint32_t shm_jwks_wanted(struct shm *shm);
 
 #endif /* SHARED_SHM_H */

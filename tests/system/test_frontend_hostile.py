@@ -349,7 +349,7 @@ def test_control_plane_loopback_only_without_key(tmp_path):
             out = c.recv(65536)
             c.close()
             assert out.startswith(b"HTTP/1.1 200"), out
-            assert g.log().count("answer only on loopback") == 1
+            assert g.log().count("answers only on loopback") == 1
             g.stop()
     finally:
         w.stop()
