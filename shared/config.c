@@ -2271,18 +2271,26 @@ config_load_or_exit(struct config *cf, int argc, char *argv[])
 		fprintf(stderr, "%s: %s\n", prog, err);
 		exit(2);
 	}
-	/* Parsed (SMG's grammar) but not implemented here: refused, rather
-	 * than a gateway that silently discovers no worker. */
-	if (cf->cf_service_discovery || cf->cf_selector_n > 0 ||
-	    cf->cf_prefill_selector_n > 0 || cf->cf_decode_selector_n > 0 ||
-	    cf->cf_service_discovery_namespace != NULL) {
+	/* Parsed (SMG's grammar) but not implemented here: discovery itself
+	 * is refused rather than a gateway that silently discovers no worker;
+	 * its other flags do nothing without it (in SMG too): warned. */
+	if (cf->cf_service_discovery) {
 		fprintf(stderr,
-		    "%s: --service-discovery (and --selector, "
-		    "--prefill-selector, --decode-selector, "
-		    "--service-discovery-namespace) not supported by smg-c: "
-		    "list workers with --worker-urls or POST /workers\n",
+		    "%s: --service-discovery: Kubernetes service discovery is "
+		    "not supported by smg-c: list workers with --worker-urls "
+		    "or POST /workers\n",
 		    prog);
 		exit(2);
+	}
+	if (cf->cf_selector_n > 0 || cf->cf_prefill_selector_n > 0 ||
+	    cf->cf_decode_selector_n > 0 ||
+	    cf->cf_service_discovery_namespace != NULL) {
+		cf->cf_warnings = xreallocarray(cf->cf_warnings,
+		    cf->cf_warnings_n + 1, sizeof(char *));
+		cf->cf_warnings[cf->cf_warnings_n++] = xasprintf(
+		    "--selector, --prefill-selector, --decode-selector, "
+		    "--service-discovery-namespace: accepted, no effect "
+		    "without --service-discovery (not supported)");
 	}
 	if (cf->cf_check_config) {
 		for (size_t i = 0; i < cf->cf_warnings_n; i++)

@@ -219,9 +219,10 @@ def test_busy_port_exits_at_once(tmp_path):
 
 
 def test_service_discovery_refused(tmp_path):
-    """Kubernetes discovery is not implemented: the flags are refused with
-    exit 2 and one line, not accepted for a gateway with 0 workers."""
-    for args in (["--service-discovery"], ["--selector", "app=sglang"],
+    """Kubernetes discovery is not implemented: --service-discovery is
+    refused with exit 2 and one line, not accepted for a gateway with 0
+    workers; the selectors alone (inert without it) are warned about."""
+    for args in (["--service-discovery"],
                  ["--service-discovery", "--prefill-selector", "r=p",
                   "--decode-selector", "r=d", "--pd-disaggregation"]):
         r = run_smg("--run-dir", tmp_path / "run", "--state-dir",
@@ -230,6 +231,11 @@ def test_service_discovery_refused(tmp_path):
         lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
         assert len(lines) == 1 and "not supported" in lines[0], r.stderr
         assert not (tmp_path / "run").exists()
+    r = run_smg("--run-dir", tmp_path / "run", "--state-dir",
+                tmp_path / "state", "--port", util.free_port(),
+                "--selector", "app=sglang", "-n")
+    assert r.returncode == 0, r
+    assert "no effect without --service-discovery" in r.stderr
 
 
 def test_admin_fails_fast_without_broker(tmp_path):

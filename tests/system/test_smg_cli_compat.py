@@ -230,10 +230,19 @@ def test_every_smg_flag_starts(tmp_path, flag):
     args = fill(SMG_FLAGS[flag], tmp_path)
     assert f"--{flag}" in args
     r = run_smg(*base_for(args), *args, "--run-dir", tmp_path / "run", "-n")
+    if flag == "service-discovery":
+        # Not supported: refused with one clear line (docs/compat.md).
+        assert r.returncode == 2, r.stderr
+        assert "not supported" in r.stderr
+        return
     assert r.returncode == 0, (flag, r.stderr)
     assert "configuration OK" in r.stdout
     warns = [ln for ln in r.stderr.splitlines() if "warning:" in ln]
-    if flag in WARNED:
+    if flag in ("selector", "prefill-selector", "decode-selector",
+                "service-discovery-namespace"):
+        assert len(warns) == 1 and "without --service-discovery" in \
+            warns[0], r.stderr
+    elif flag in WARNED:
         assert len(warns) == 1, r.stderr
         assert f"--{flag}: accepted" in warns[0]
     else:
