@@ -268,6 +268,14 @@ conn_body_moving(struct conn *c)
 	return true;
 }
 
+int
+conn_buffer_add(struct conn *c, int64_t delta)
+{
+	if (delta < 0 && (uint64_t)-delta > c->c_buffered)
+		delta = -(int64_t)c->c_buffered;
+	return conn_buffer_account(c, c->c_buffered + (uint64_t)delta);
+}
+
 /*
  * Sets this connection's share of the buffered body bytes to n. Returns
  * -1 (nothing changed) when that would take the process over

@@ -187,7 +187,8 @@ exchange_decided(void *arg, const struct decision *d)
 			exchange_retry(ex, NULL);
 			return;
 		}
-		if (!d->dc_terminal && retry_status_retryable(d->dc_status))
+		if (!d->dc_terminal && retry_status_retryable(d->dc_status) &&
+		    ex->ex_rp.rp_max_attempts > 1)
 			exchange_exhausted(ex, bad);
 		exchange_fail(ex, d->dc_status, d->dc_code, d->dc_message,
 		    (int)d->dc_retry_after);
@@ -299,6 +300,41 @@ exchange_first_byte(struct exchange *ex, unsigned i)
 }
 
 void
+exchange_pause(struct exchange *ex, unsigned i, bool client)
+{
+	struct exchange_leg *xl = &ex->ex_legs[i];
+	long secs = fe->fe_cf->cf_stream_idle_timeout_secs;
+
+	if (xl->xl_up == NULL || xl->xl_paused)
+		return;
+	xl->xl_paused = true;
+	xl->xl_client_paused = client;
+	upstream_pause(xl->xl_up);
+	ev_timer_stop(fe->fe_loop, &xl->xl_timer);
+	if (client && secs > 0) {
+		xl->xl_timer.repeat = (double)secs;
+		ev_timer_again(fe->fe_loop, &xl->xl_timer);
+	}
+}
+
+void
+exchange_resume(struct exchange *ex, unsigned i)
+{
+	struct exchange_leg *xl = &ex->ex_legs[i];
+
+	if (!xl->xl_paused)
+		return;
+	xl->xl_paused = false;
+	xl->xl_client_paused = false;
+	if (xl->xl_up == NULL)
+		return;
+	upstream_resume(xl->xl_up);
+	exchange_stream_arm(ex, xl,
+	    xl->xl_first_byte ? fe->fe_cf->cf_stream_idle_timeout_secs
+	                      : fe->fe_cf->cf_stream_first_byte_timeout_secs);
+}
+
+void
 exchange_progress(struct exchange *ex, unsigned i)
 {
 	struct exchange_leg *xl = &ex->ex_legs[i];
@@ -333,6 +369,15 @@ exchange_stream_cb(struct ev_loop *loop, ev_timer *w, int revents)
 	(void)loop;
 	(void)revents;
 	ev_timer_stop(fe->fe_loop, w);
+	if (xl->xl_client_paused) {
+		/* The client stopped reading: its fault, not the worker's. */
+		stats_add("smg_router_stream_timeouts_total", "kind=\"client\"",
+		    1);
+		exchange_end_all(ex, 0, NULL, true);
+		exchange_count(ex, false, NULL);
+		conn_request_abort(c);
+		return;
+	}
 	if (!ex->ex_streaming) {
 		/* exchange_prefill_estimate's deadline. */
 		exchange_release_pending(xl);
@@ -359,6 +404,7 @@ exchange_end(struct exchange *ex, unsigned i, int status, bool transport,
 	double ttfb_us;
 
 	ev_timer_stop(fe->fe_loop, &xl->xl_timer);
+	xl->xl_paused = xl->xl_client_paused = false;
 	if (xl->xl_up != NULL) {
 		upstream_cancel(xl->xl_up);
 		xl->xl_up = NULL;
@@ -563,7 +609,10 @@ exchange_next(struct exchange *ex, unsigned i, enum exchange_failure f,
 		exchange_retry(ex, xl);
 		return;
 	}
-	if (!ex->ex_fixed && retry_status_retryable(status))
+	/* Exhausted: a retryable failure that the policy would have tried
+	 * again had attempts been left. */
+	if (!ex->ex_fixed && f != EXCHANGE_TOO_LARGE &&
+	    retry_status_retryable(status) && ex->ex_rp.rp_max_attempts > 1)
 		exchange_exhausted(ex, xl);
 	exchange_count(ex, false, code);
 	ex->ex_ops->xo_failed(ex->ex_arg, status, code, msg, 0);

@@ -156,6 +156,13 @@ void conn_set_close(struct conn *c);
 /* The client's HTTP minor version (chunked responses need 1). */
 unsigned conn_http_minor(const struct conn *c);
 enum listener_kind conn_kind(const struct conn *c);
+/*
+ * Counts delta more (or fewer) bytes held for the current request in the
+ * frontend's --max-buffered-bytes-total (request bodies are counted by
+ * the connection itself; a handler adds what it holds of a response).
+ * Released when the request ends. -1 (nothing counted) when over the cap.
+ */
+int conn_buffer_add(struct conn *c, int64_t delta);
 /* Whether the client connects from this host (loopback or Unix socket). */
 bool conn_peer_loopback(const struct conn *c);
 /*
@@ -607,6 +614,8 @@ struct exchange_leg {
 	/* Stream: first-byte, then idle deadline. Not streamed: when the
 	 * prompt should have been prefilled (live load). */
 	ev_timer xl_timer;
+	bool xl_paused; /* reading its response is paused */
+	bool xl_client_paused; /* ... because the client lags */
 	uint32_t xl_exclude[FE_MAX_EXCLUDE];
 	size_t xl_nexclude;
 };
@@ -669,6 +678,15 @@ void exchange_route(struct exchange *ex);
 int exchange_dispatch(struct exchange *ex, unsigned i, struct upstream_req *up);
 /* The first response body byte of leg i arrived (live load, TTFB). */
 void exchange_first_byte(struct exchange *ex, unsigned i);
+/*
+ * Stops / resumes reading leg i's response (upstream_pause/resume). While
+ * paused the worker's stream deadlines do not run; a pause for the
+ * client's back-pressure (client true) has a deadline of its own
+ * (--stream-idle-timeout-secs): a client that stops reading that long
+ * ends the request, with no breaker sample (not the worker's fault).
+ */
+void exchange_pause(struct exchange *ex, unsigned i, bool client);
+void exchange_resume(struct exchange *ex, unsigned i);
 /*
  * More of leg i's body arrived (restarts a stream's idle deadline). A
  * stream (the client asked for SSE) whose first byte does not come within

@@ -84,6 +84,7 @@ struct pd_req {
 	bool pr_paused;
 	bool pr_ttft_done;
 	bool pr_merge; /* return_logprob: merge the prefill's logprobs */
+	bool pr_merge_wanted; /* as asked, before an attempt gave it up */
 	cJSON *pr_plp; /* the prefill body holding them, once parsed */
 	char *pr_sse; /* streaming merge: a decode event not yet complete */
 	size_t pr_sse_len;
@@ -720,6 +721,7 @@ pd_start(struct conn *c, const struct http_request *hr,
 	/* A streamed batch interleaves its sequences: not merged. */
 	rq->pr_merge = pd_wants_logprob(rq->pr_in.ei_json) &&
 	    !(rq->pr_in.ei_stream && rq->pr_in.ei_is_batch);
+	rq->pr_merge_wanted = rq->pr_merge;
 	if (rq->pr_in.ei_model != NULL) {
 		/* Route by the canonical id of an alias. */
 		const char *canon = fallback_canonical(cf, rq->pr_in.ei_model);
@@ -754,6 +756,10 @@ pd_reset(void *arg)
 	rq->pr_dh = NULL;
 	rq->pr_ndh = 0;
 	rq->pr_paused = false;
+	cJSON_Delete(rq->pr_plp);
+	rq->pr_plp = NULL;
+	rq->pr_merge = rq->pr_merge_wanted;
+	rq->pr_sse_len = 0;
 }
 
 /* Sends every leg at once (gateway.md §11.3). */
@@ -831,7 +837,7 @@ pd_on_head(void *arg, int status, const struct upstream_header *h, size_t n)
 		/* A body to merge is read whole before the client sees it. */
 		if (!rq->pr_merge || rq->pr_ex->ex_streaming) {
 			rq->pr_paused = true;
-			upstream_pause(lg->lg_x->xl_up);
+			exchange_pause(rq->pr_ex, PD_DECODE, false);
 		}
 	}
 	pd_progress(rq);
@@ -876,7 +882,7 @@ pd_on_body(void *arg, const char *data, size_t len)
 			return;
 		}
 		rq->pr_paused = true;
-		upstream_pause(lg->lg_x->xl_up);
+		exchange_pause(rq->pr_ex, PD_DECODE, false);
 		pd_progress(rq);
 		return;
 	}
@@ -915,6 +921,11 @@ pd_on_done(void *arg, enum upstream_error err)
 		    0, NULL);
 		return;
 	}
+	if (lg->lg_index != PD_DECODE && lg->lg_status >= 200 &&
+	    lg->lg_status < 300)
+		/* Its part is done: its worker is free of it now. */
+		exchange_end(rq->pr_ex, lg->lg_index, lg->lg_status, false,
+		    false);
 	if (lg->lg_index == PD_PREFILL && lg->lg_status >= 200 &&
 	    lg->lg_status < 300) {
 		snprintf(labels, sizeof(labels),
@@ -1021,7 +1032,11 @@ pd_release(struct pd_req *rq)
 	}
 	if (rq->pr_paused && conn_pending(c) <= FE_OUT_HIGH) {
 		rq->pr_paused = false;
-		upstream_resume(dec->lg_x->xl_up);
+		exchange_resume(rq->pr_ex, PD_DECODE);
+	} else if (rq->pr_paused) {
+		/* Held now for the client, not for the other legs. */
+		exchange_resume(rq->pr_ex, PD_DECODE);
+		exchange_pause(rq->pr_ex, PD_DECODE, true);
 	}
 }
 
@@ -1131,7 +1146,7 @@ pd_emit(struct pd_req *rq, const char *data, size_t len)
 	if (!rq->pr_paused && conn_pending(c) > FE_OUT_HIGH &&
 	    dec->lg_x->xl_up != NULL) {
 		rq->pr_paused = true;
-		upstream_pause(dec->lg_x->xl_up);
+		exchange_pause(rq->pr_ex, PD_DECODE, true);
 	}
 }
 
@@ -1255,10 +1270,10 @@ pd_drained(void *arg)
 	struct pd_req *rq = arg;
 	struct pd_leg *dec = &rq->pr_legs[PD_DECODE];
 
-	if (rq->pr_paused && rq->pr_ex->ex_relayed &&
-	    dec->lg_x->xl_up != NULL) {
+	(void)dec;
+	if (rq->pr_paused && rq->pr_ex->ex_relayed) {
 		rq->pr_paused = false;
-		upstream_resume(dec->lg_x->xl_up);
+		exchange_resume(rq->pr_ex, PD_DECODE);
 	}
 }
 

@@ -208,6 +208,7 @@ proxy_free(void *arg)
 static void
 proxy_drop_held(struct req *rq)
 {
+	conn_buffer_add(rq->rq_conn, -(int64_t)rq->rq_hlen);
 	free(rq->rq_hh);
 	rq->rq_hh = NULL;
 	rq->rq_nhh = 0;
@@ -229,11 +230,10 @@ static void
 proxy_drained(void *arg)
 {
 	struct req *rq = arg;
-	struct upstream_req *up = rq->rq_ex->ex_legs[0].xl_up;
 
-	if (rq->rq_paused && up != NULL) {
+	if (rq->rq_paused) {
 		rq->rq_paused = false;
-		upstream_resume(up);
+		exchange_resume(rq->rq_ex, 0);
 	}
 }
 
@@ -461,7 +461,7 @@ proxy_on_body(void *arg, const char *data, size_t len)
 		conn_flush_later(c);
 	if (!rq->rq_paused && conn_pending(c) > FE_OUT_HIGH && up != NULL) {
 		rq->rq_paused = true;
-		upstream_pause(up);
+		exchange_pause(rq->rq_ex, 0, true);
 	}
 }
 
@@ -475,6 +475,12 @@ proxy_hold_body(struct req *rq, const char *data, size_t len)
 	if ((uint64_t)rq->rq_hlen + len > fe->fe_cf->cf_max_payload_size) {
 		proxy_drop_held(rq);
 		exchange_next(rq->rq_ex, 0, EXCHANGE_TOO_LARGE, 0, NULL);
+		return;
+	}
+	/* Held bytes count against the frontend's memory cap. */
+	if (conn_buffer_add(rq->rq_conn, (int64_t)len) == -1) {
+		proxy_drop_held(rq);
+		exchange_next(rq->rq_ex, 0, EXCHANGE_NO_MEMORY, 0, NULL);
 		return;
 	}
 	if (rq->rq_hlen + len > rq->rq_hcap) {

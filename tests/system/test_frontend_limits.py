@@ -133,3 +133,70 @@ def test_stream_first_byte_timeout(tmp_path):
             kind="first_byte") >= 1, what="first-byte timeout counted")
         g.stop()
     w.stop()
+
+
+def test_pd_stream_outlives_idle_timeout(tmp_path):
+    """A finished prefill leg ends its own attempt: a decode stream longer
+    than --stream-idle-timeout-secs is not cut, no breaker failure."""
+    rdv = tmp_path / "rdv"
+    rdv.mkdir()
+    pre = sim.start_simworker(tmp_path, "--role", "prefill",
+                              "--bootstrap-port", 9171, "--bootstrap-dir",
+                              rdv, name="prefill")
+    dec = sim.start_simworker(tmp_path, "--role", "decode", "--bootstrap-dir",
+                              rdv, "--decode-base-ms", 100, name="decode")
+    try:
+        with gw.start_gateway(tmp_path, "--pd-disaggregation", "--prefill",
+                              pre.url, 9171, "--decode", dec.url,
+                              "--stream-idle-timeout-secs", "2") as g:
+            g.wait_ready(2)
+            c = http.client.HTTPConnection("127.0.0.1", g.port, timeout=30)
+            c.request("POST", "/generate", body=json.dumps(
+                {"text": "hello", "stream": True,
+                 "sampling_params": {"max_new_tokens": 40}}),
+                headers={"Content-Type": "application/json"})
+            r = c.getresponse()
+            body = r.read()
+            c.close()
+            assert r.status == 200
+            assert b"[DONE]" in body, body[-200:]
+            m = g.metrics()
+            assert metric_sum(m, "smg_router_stream_timeouts_total") == 0
+            assert metric_sum(m, "smg_worker_cb_outcomes_total",
+                              outcome="failure") == 0
+            g.stop()
+    finally:
+        pre.stop()
+        dec.stop()
+
+
+def test_client_that_stops_reading_is_not_the_workers_fault(tmp_path):
+    w = sim.start_simworker(tmp_path, "--time-scale", "0")
+    try:
+        with gw.start_gateway(tmp_path, "--policy", "round_robin",
+                              "--stream-idle-timeout-secs", "2",
+                              "--worker-urls", w.url) as g:
+            g.wait_ready(1)
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.connect(("127.0.0.1", g.port))
+            data = json.dumps({"model": "sim-model", "prompt": "x",
+                               "max_tokens": 30000, "stream": True})
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: a\r\n"
+                      b"Content-Type: application/json\r\n"
+                      b"Content-Length: " + str(len(data)).encode() +
+                      b"\r\n\r\n" + data.encode())
+            time.sleep(5)  # not reading
+            util.wait_for(lambda: metric_sum(
+                g.metrics(), "smg_router_stream_timeouts_total",
+                kind="client") == 1, what="client stall counted")
+            s.close()
+            m = g.metrics()
+            assert metric_sum(m, "smg_worker_cb_outcomes_total",
+                              outcome="failure") == 0
+            assert g.post("/v1/completions",
+                          {"model": "sim-model", "prompt": "x",
+                           "max_tokens": 2}).status == 200
+            g.stop()
+    finally:
+        w.stop()
