@@ -42,6 +42,7 @@ import argparse
 import asyncio
 import collections
 import http.client
+import itertools
 import math
 import os
 import random
@@ -79,6 +80,7 @@ BASELINE = "round_robin"
 # Round robin's measured utilisation this far from --target-util rescales
 # the workload's time and runs it again (once).
 UTIL_SLACK = 0.07
+RUN_SEQ = itertools.count(1)
 log = logger()
 quantile = nearest_rank
 
@@ -311,8 +313,10 @@ def run_one(args, procs, info, reqs, bodies, variant, rates):
     """Fresh fleet (one worker per rate), fresh smg with the variant's
     flags, one replay; the run's figures."""
     children0 = rusage_secs(resource.RUSAGE_CHILDREN)
+    # A fresh name per run: a log left by an earlier run of the same
+    # variant must not be read as this one's.
     tag = f"{info['name']}-{'u' if len(set(rates)) > 1 else 'e'}-" \
-        f"{variant.replace('@', '-')}"
+        f"{variant.replace('@', '-')}-{next(RUN_SEQ)}"
     fleet = Fleet(procs, args.simworker, tag,
                   [worker_args(args, info, r) for r in rates])
     proc = None
@@ -427,8 +431,8 @@ def result_rows(info, res, variants, unequal):
             row.append("n/a" if r.get("slow_share") is None
                        else f"{r['slow_share']:.2f}")
             row.append(ratio(r.get("slow_p50"), r.get("fast_p50")))
-        row += [f"{100 * r['host_busy']:.0f}% ({r['cpu_children']:.0f})",
-                errtxt]
+        row += [f"{100 * r['host_busy']:.0f}% / {r['cpu_children']:.0f} / "
+                f"{1000 * r['lag_p99']:.0f}", errtxt]
         rows.append(row)
     head = ["policy", "hit / oracle", "busiest / mean (requests)",
             "TTFT p50 ms", "p90 ms", "p99 ms", "p50 / rr", "p90 / rr",
@@ -437,7 +441,7 @@ def result_rows(info, res, variants, unequal):
     if unequal:
         head += ["slow / full-speed requests", "slow p50 / others' p50"]
         align += "rr"
-    head += ["host CPU busy (ours, CPU s)", "errors"]
+    head += ["host busy / our CPU s / late p99 ms", "errors"]
     align += "rl"
     return md_table(head, align, rows)
 
@@ -546,20 +550,17 @@ def report(args, m, infos, res, elapsed):
         "- slow / full-speed requests: requests w4 completed over the mean "
         "of w1-w3; slow p50 / others' p50: TTFT p50 of the requests w4 "
         "answered (x-sim-worker) over that of the others",
-        "- host CPU busy: all CPUs of the host during the replay, other "
-        "work included; near 100% the TTFT figures carry host noise; in "
-        "brackets the CPU seconds smg and the workers used in the row",
+        "- host busy: all CPUs of the host during the replay, other work "
+        "included (near 100% the TTFT figures carry host noise); our CPU "
+        "s: CPU seconds smg and the workers used in the row; late p99: "
+        "how late the client sent requests (wall ms, p99; counted in "
+        "TTFT, which runs from the scheduled time)",
     ]
     for key, r in sorted(res.items()):
         for v, x in r.items():
             if x.get("dead"):
                 L.append(f"- **{key[0]} {key[1]} {v}: {', '.join(x['dead'])} "
                          f"exited during the run**")
-    lags = [x["lag_p99"] for r in res.values() for x in r.values()
-            if "lag_p99" in x]
-    if lags:
-        L.append(f"- client lateness p99 (wall), worst row: "
-                 f"{1000 * max(lags):.1f} ms")
     return "\n".join(L) + "\n"
 
 
@@ -725,10 +726,12 @@ def run_all(args, procs, infos, res):
                                 fleet_kind)
                 if v == BASELINE and f is not None and \
                         abs(f["util"] - args.target_util) > UTIL_SLACK:
-                    # The prediction missed (hits it did not foresee, a
-                    # drain after the last arrival): stretch or squeeze
-                    # time by what was measured, once.
-                    k = f["util"] / args.target_util
+                    # The prediction missed (hits it did not foresee, the
+                    # drain after the last arrival, chat turns waiting for
+                    # their predecessors): rescale the arrivals so that
+                    # the measured work over the arrival span plus the
+                    # measured tail gives the target, and run again, once.
+                    k = rescale(args, info, f, sum(rates))
                     for r in reqs:
                         r["timestamp"] *= k
                     info["span"] *= k
@@ -744,6 +747,18 @@ def run_all(args, procs, infos, res):
                 out[v] = f if f is not None else out.get(v)
             if fleet_kind == "unequal":
                 infos[name + "@unequal"] = info
+
+
+def rescale(args, info, f, fleet_rate):
+    """Factor on the arrival times that brings round robin's measured
+    utilisation f["util"] to --target-util: the work measured stays, the
+    time after the last arrival (measured duration - arrival span) is
+    taken as fixed."""
+    duration = f["wall"] * args.time_scale
+    work = f["util"] * fleet_rate * duration
+    tail = max(0.0, duration - info["span"])
+    want = work / (args.target_util * fleet_rate) - tail
+    return max(0.25, min(4.0, want / info["span"]))
 
 
 def run_variant(args, procs, info, reqs, bodies, v, rates, fleet_kind):
@@ -765,7 +780,8 @@ def run_variant(args, procs, info, reqs, bodies, v, rates, fleet_kind):
         f"ttft p50/p90/p99 {ms(f['p50'])}/{ms(f['p90'])}/{ms(f['p99'])} "
         f"ms, util {100 * f['util']:.0f}%, errors "
         f"{sum(f['errors'].values())}, host busy "
-        f"{100 * f['host_busy']:.0f}%, wall {f['wall']:.0f} s")
+        f"{100 * f['host_busy']:.0f}%, client late p99 "
+        f"{1000 * f['lag_p99']:.0f} ms, wall {f['wall']:.0f} s")
     return f
 
 
