@@ -76,6 +76,7 @@ QUICK_VARIANTS = ("cache_aware", "cache_aware@default", "least_load",
                   "power_of_two", "round_robin")
 UNEQUAL_VARIANTS = ("cache_aware", "least_load", "power_of_two",
                     "round_robin")
+QUICK_UNEQUAL_VARIANTS = ("cache_aware", "least_load", "round_robin")
 BASELINE = "round_robin"
 # Round robin's measured utilisation further than this from --target-util
 # (the 70-90 % band around 80 %) rescales the workload's time and runs it
@@ -517,7 +518,7 @@ def report(args, m, infos, res, elapsed):
              f"leaves the interval at its default (10 s wall = "
              f"{10 * args.time_scale:g} s of model time)")
     L.append("")
-    for name in args.workload_list:
+    for name in args.equal_list:
         info = infos.get(name)
         if info is None:
             continue
@@ -597,8 +598,10 @@ def parse_args(argv):
                     help=f"comma-separated, of {','.join(VARIANTS)} "
                          f"(default: {','.join(FULL_VARIANTS)}; quick: "
                          f"{','.join(QUICK_VARIANTS)})")
-    ap.add_argument("--unequal-policies", default=",".join(UNEQUAL_VARIANTS),
-                    help="policies run over the unequal fleet ('' none)")
+    ap.add_argument("--unequal-policies", default=None,
+                    help=f"policies run over the unequal fleet ('' none; "
+                         f"default: {','.join(UNEQUAL_VARIANTS)}; quick: "
+                         f"{','.join(QUICK_UNEQUAL_VARIANTS)})")
     ap.add_argument("--unequal-workload", default="mooncake",
                     choices=WORKLOADS)
     ap.add_argument("--trace", default=DEFAULT_TRACE)
@@ -655,6 +658,9 @@ def parse_args(argv):
     for k, (full, quick) in sizes.items():
         if getattr(args, k) is None:
             setattr(args, k, quick if args.quick else full)
+    if args.unequal_policies is None:
+        args.unequal_policies = ",".join(QUICK_UNEQUAL_VARIANTS if args.quick
+                                         else UNEQUAL_VARIANTS)
     if args.policies is None:
         args.policies = ",".join(QUICK_VARIANTS if args.quick
                                  else FULL_VARIANTS)
