@@ -25,9 +25,7 @@ usage: /usr/bin/python3 tests/bench/mooncake.py [--build-dir DIR] [--out F]
 """
 import argparse
 import asyncio
-import hashlib
 import http.client
-import json
 import math
 import os
 import shlex
@@ -38,20 +36,17 @@ import sys
 import tempfile
 import time
 
-from benchlib import (Interrupted, Procs, add_build_dir, add_out,
-                      build_type, free_port, haproxy_conf, http_call, logger,
-                      machine, md_table, nearest_rank, nginx_conf, smg_ready,
-                      start_haproxy, start_nginx, start_simworker,
-                      start_smg as spawn_smg, trap_signals)
+from benchlib import (BLOCK_TOKENS, Bodies, Fleet, Interrupted, NotAvailable,
+                      Procs, add_build_dir, add_out, build_type, free_port,
+                      haproxy_conf, host_cpu, load_trace, logger, machine,
+                      md_table, nearest_rank, nginx_conf, oracle_bound, probe,
+                      refusal, replay, rusage_secs, start_haproxy,
+                      start_nginx, start_smg_target, trap_signals)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 DEFAULT_TRACE = os.path.join(os.path.dirname(ROOT), "shared", "data",
                              "mooncake-synthetic-trace.jsonl")
-MODEL = "sim-model"
-BLOCK_TOKENS = 512
-CHARS_PER_TOKEN = 4  # the simworker's tokenizer: one token per 4 chars
-BLOCK_CHARS = BLOCK_TOKENS * CHARS_PER_TOKEN
 PAGE_SIZE = 16
 WORKERS = 4
 SMG_POLICIES = ("cache_aware", "prefix_hash", "consistent_hashing",
@@ -60,213 +55,19 @@ TARGETS = SMG_POLICIES + ("nginx", "haproxy")
 TITLES = {p: f"smg-c {p}" for p in SMG_POLICIES}
 TITLES.update({"nginx": "nginx round robin",
                "haproxy": "HAProxy roundrobin"})
-# Lines of the smg log that mean the broker refused the policy.
-REFUSALS = ("not implemented", "unknown policy", "invalid value")
 log = logger()
 quantile = nearest_rank
-
-
-class NotAvailable(Exception):
-    pass
-
-
-# ---------------------------------------------------------------- trace
-
-
-def load_trace(path, n):
-    reqs = []
-    with open(path) as f:
-        for ln in f:
-            if ln.strip():
-                reqs.append(json.loads(ln))
-            if n and len(reqs) >= n:
-                break
-    for r in reqs:
-        blocks = r["hash_ids"]
-        if not blocks or not (len(blocks) - 1) * BLOCK_TOKENS < \
-                r["input_length"] <= len(blocks) * BLOCK_TOKENS:
-            raise ValueError(f"{path}: input_length {r['input_length']} "
-                             f"does not match {len(blocks)} blocks")
-    return reqs
-
-
-def block_lengths(r):
-    """Tokens of each block of r's prompt (the last one may be cut)."""
-    n = r["input_length"]
-    return [min(BLOCK_TOKENS, n - i * BLOCK_TOKENS)
-            for i in range(len(r["hash_ids"]))]
-
-
-def oracle_bound(reqs):
-    """Share of prompt tokens a perfect router could serve from cache:
-    walking each prompt's blocks from the start, a block's tokens count
-    while an earlier request held at least as many tokens of that block
-    (a block seen only cut shorter counts its seen part and ends the
-    prefix); the first block not seen ends it too. Caches are unbounded
-    here. Returns (hit tokens, prompt tokens)."""
-    seen = {}  # block id -> most tokens of it any earlier prompt had
-    hit = total = 0
-    for r in reqs:
-        lens = block_lengths(r)
-        total += sum(lens)
-        for b, n in zip(r["hash_ids"], lens):
-            s = seen.get(b, 0)
-            hit += min(s, n)
-            if s < n:
-                break
-        for b, n in zip(r["hash_ids"], lens):
-            if seen.get(b, 0) < n:
-                seen[b] = n
-    return hit, total
-
-
-def block_text(bid):
-    """2,048 characters (512 tokens) unique to block id bid: hex of
-    BLAKE2b over (id, counter). Equal ids give equal text."""
-    parts = [hashlib.blake2b(f"mooncake-block:{bid}:{k}".encode(),
-                             digest_size=64).hexdigest()
-             for k in range(BLOCK_CHARS // 128)]
-    return "".join(parts).encode()
-
-
-class Bodies:
-    """Request bodies built on demand from cached block texts."""
-
-    def __init__(self, reqs):
-        self.text = {}
-        for r in reqs:
-            for b in r["hash_ids"]:
-                if b not in self.text:
-                    self.text[b] = block_text(b)
-
-    def prompt(self, r):
-        s = b"".join(self.text[b] for b in r["hash_ids"])
-        return s[:r["input_length"] * CHARS_PER_TOKEN]
-
-    def body(self, r):
-        head = json.dumps({"model": MODEL,
-                           "max_tokens": max(1, r["output_length"]),
-                           "stream": True})
-        # The prompt is hex: no JSON escaping needed.
-        return head[:-1].encode() + b', "prompt": "' + self.prompt(r) + \
-            b'"}'
-
-
-class Fleet:
-    """The four simworkers of one target."""
-
-    def __init__(self, procs, args, tag):
-        self.procs = procs
-        self.ports = []
-        self.plist = []
-        for i in range(WORKERS):
-            name = f"{tag}-w{i + 1}"
-            p, port = start_simworker(procs, args.simworker, name, [
-                "--host", "127.0.0.1", "--model", MODEL,
-                "--worker-id", f"w{i + 1}",
-                "--page-size", str(PAGE_SIZE),
-                "--kv-capacity", str(args.kv_capacity),
-                "--context-length", str(args.context_length),
-                "--prefill-tps", str(args.prefill_tps),
-                "--decode-base-ms", str(args.decode_base_ms),
-                "--decode-per-req-ms", str(args.decode_per_req_ms),
-                "--max-running", str(args.max_running),
-                "--time-scale", str(args.time_scale),
-                "--log-level", "warn"])
-            self.plist.append(p)
-            self.ports.append(port)
-
-    def urls(self):
-        return [f"http://127.0.0.1:{p}" for p in self.ports]
-
-    def reset(self):
-        for p in self.ports:
-            for path in ("/flush_cache", "/sim/reset_stats"):
-                st, _, data = http_call(p, "POST", path)
-                if st != 200:
-                    raise RuntimeError(f"worker {p} {path}: HTTP {st}: "
-                                       f"{data[:100]!r}")
-
-    def stats(self):
-        out = []
-        for p in self.ports:
-            st, _, data = http_call(p, "GET", "/sim/stats")
-            if st != 200:
-                raise RuntimeError(f"worker {p} /sim/stats: HTTP {st}")
-            out.append(json.loads(data))
-        return out
-
-    def dead(self):
-        return [p.bench_name for p in self.plist if p.poll() is not None]
-
-    def stop(self):
-        for p in self.plist:
-            self.procs.stop(p)
 
 
 # ---------------------------------------------------------------- targets
 
 
-def probe(port):
-    """One short streamed request; None when answered correctly."""
-    body = json.dumps({"model": MODEL, "prompt": "probe " * 8,
-                       "max_tokens": 2, "stream": True}).encode()
-    st, _, data = http_call(port, "POST", "/v1/completions", body)
-    if st != 200:
-        return f"HTTP {st}: {data[:160]!r}"
-    if b"data: [DONE]" not in data:
-        return f"stream without [DONE]: {data[-120:]!r}"
-    return None
-
-
-def refusal(log_path):
-    """The log line saying the policy was refused, or None."""
-    try:
-        with open(log_path, errors="replace") as f:
-            for ln in f:
-                if "smg-broker" in ln and "error" in ln and \
-                        any(m in ln for m in REFUSALS):
-                    return ln.strip().split(": ", 1)[-1]
-                if "smg-broker" in ln and "exited with status" in ln:
-                    return ln.strip().split(": ", 1)[-1]
-    except OSError:
-        pass
-    return None
-
-
 def start_smg(procs, args, policy, fleet):
-    name = f"smg-{policy}"
-    p, port, _ = spawn_smg(procs, args.smg, name, [
-        "--policy", policy, "--frontends", str(args.cores)] +
+    return start_smg_target(
+        procs, args.smg, f"smg-{policy}",
+        ["--policy", policy, "--frontends", str(args.cores)] +
         shlex.split(args.smg_args) + ["--worker-urls"] + fleet.urls(),
-        host="127.0.0.1")
-    logf = os.path.join(procs.tmp, name + ".log")
-    deadline = time.monotonic() + args.ready_timeout
-    err = "not tried"
-    while time.monotonic() < deadline:
-        if p.poll() is not None:
-            raise NotAvailable(refusal(logf) or
-                               f"smg exited with status {p.returncode}")
-        why = refusal(logf)
-        if why:
-            raise NotAvailable(why)
-        try:
-            ready, why_not = smg_ready(port, WORKERS)
-            if ready:
-                err = probe(port)
-                # A broker that dies right after starting shows in the log.
-                time.sleep(0.5)
-                why = refusal(logf)
-                if why:
-                    raise NotAvailable(why)
-                if err is None:
-                    return p, port
-            else:
-                err = why_not
-        except (OSError, http.client.HTTPException, ValueError) as e:
-            err = f"{type(e).__name__}: {e}"
-        time.sleep(0.2)
-    raise NotAvailable(f"not ready after {args.ready_timeout:.0f}s: {err}")
+        WORKERS, args.ready_timeout)
 
 
 def start_proxy(procs, args, kind, fleet):
@@ -299,211 +100,6 @@ def start_proxy(procs, args, kind, fleet):
 
 
 # ---------------------------------------------------------------- client
-
-
-class Result:
-    __slots__ = ("idx", "sched", "lag", "status", "ttft", "e2e", "error")
-
-    def __init__(self, idx, sched):
-        self.idx = idx
-        self.sched = sched
-        self.lag = 0.0
-        self.status = 0
-        self.ttft = None
-        self.e2e = None
-        self.error = None
-
-
-async def read_head(reader):
-    line = await reader.readline()
-    parts = line.split(None, 2)
-    if len(parts) < 2 or not parts[0].startswith(b"HTTP/1."):
-        raise ValueError(f"bad status line {line[:60]!r}")
-    status = int(parts[1])
-    hdrs = {}
-    while True:
-        line = await reader.readline()
-        if line in (b"\r\n", b"\n"):
-            break
-        if not line:
-            raise ValueError("connection closed in the headers")
-        k, _, v = line.decode("latin-1").partition(":")
-        hdrs[k.strip().lower()] = v.strip()
-    return status, hdrs
-
-
-class Chunked:
-    """Incremental decoder of a chunked body: feed() raw bytes, get the
-    payload pieces; done once the last chunk and trailers are in."""
-
-    def __init__(self):
-        self.buf = bytearray()
-        self.done = False
-
-    def feed(self, data):
-        self.buf += data
-        out = []
-        while not self.done:
-            eol = self.buf.find(b"\r\n")
-            if eol < 0:
-                break
-            size = int(bytes(self.buf[:eol]).split(b";")[0].strip(), 16)
-            if size == 0:
-                if self.buf.find(b"\r\n\r\n", eol) < 0:
-                    break  # trailers not complete yet
-                self.done = True
-                break
-            if len(self.buf) < eol + 2 + size + 2:
-                break
-            out.append(bytes(self.buf[eol + 2:eol + 2 + size]))
-            del self.buf[:eol + 2 + size + 2]
-        return out
-
-
-async def read_body(reader, writer, hdrs, feed, batch):
-    """Calls feed(bytes) with the body as it arrives. Once feed() has
-    returned True (the first token is in), the socket is read every batch
-    seconds only, so a streamed answer costs a few reads, not one per
-    event; later events are then timed to within batch."""
-    transport = writer.transport
-    chunked = "chunked" in hdrs.get("transfer-encoding", "").lower()
-    left = int(hdrs["content-length"]) if not chunked and \
-        "content-length" in hdrs else None
-    dec = Chunked() if chunked else None
-    slow = False
-    while True:
-        if slow and batch > 0:
-            transport.pause_reading()
-            await asyncio.sleep(batch)
-            transport.resume_reading()
-        data = await reader.read(1 << 20)
-        if not data:
-            if chunked or left:
-                raise ValueError("connection closed in the body")
-            return
-        if dec is not None:
-            for piece in dec.feed(data):
-                slow = feed(piece) or slow
-            if dec.done:
-                return
-        else:
-            if left is not None:
-                data = data[:left]
-                left -= len(data)
-            slow = feed(data) or slow
-            if left == 0:
-                return
-
-
-async def one_request(port, body, res, batch):
-    """Sends one streamed completion; fills res (times from its scheduled
-    send time, so a late client does not hide queueing)."""
-    loop = asyncio.get_running_loop()
-    res.lag = loop.time() - res.sched
-    writer = None
-    state = {"tail": b"", "done": False, "err": b""}
-
-    def feed(data):
-        now = loop.time()
-        if res.status != 200:
-            if len(state["err"]) < 200:
-                state["err"] += data[:200]
-            return False
-        if res.ttft is None and b"data: {" in state["tail"] + data:
-            res.ttft = now - res.sched
-        if not state["done"] and b"data: [DONE]" in state["tail"] + data:
-            state["done"] = True
-            res.e2e = now - res.sched
-        state["tail"] = data[-16:]
-        return res.ttft is not None
-
-    try:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"POST /v1/completions HTTP/1.1\r\n"
-                     b"Host: 127.0.0.1\r\n"
-                     b"Content-Type: application/json\r\n"
-                     b"Accept: text/event-stream\r\n"
-                     b"Connection: close\r\n"
-                     b"Content-Length: " + str(len(body)).encode() +
-                     b"\r\n\r\n" + body)
-        await writer.drain()
-        res.status, hdrs = await read_head(reader)
-        await read_body(reader, writer, hdrs, feed, batch)
-        if res.status != 200:
-            res.error = f"HTTP {res.status}: " \
-                f"{state['err'][:80].decode(errors='replace')}"
-        elif not state["done"]:
-            res.error = "stream ended without [DONE]"
-    except asyncio.CancelledError:
-        res.error = "timed out"
-        raise
-    except (OSError, ValueError, asyncio.IncompleteReadError) as e:
-        res.error = f"{type(e).__name__}: {e}"[:120]
-    finally:
-        if writer is not None:
-            writer.close()
-
-
-async def sample_loads(ports, samples, stop):
-    """Samples each worker's waiting queue (GET /v1/loads) every 0.5 s."""
-    loop = asyncio.get_running_loop()
-
-    def get(port):
-        try:
-            st, _, data = http_call(port, "GET", "/v1/loads", timeout=2)
-            if st == 200:
-                return json.loads(data)["loads"][0]["num_waiting_reqs"]
-        except (OSError, http.client.HTTPException, ValueError, KeyError,
-                IndexError):
-            pass
-        return None
-
-    while not stop.is_set():
-        row = await asyncio.gather(*(loop.run_in_executor(None, get, p)
-                                     for p in ports))
-        if all(x is not None for x in row):
-            samples.append(row)
-        try:
-            await asyncio.wait_for(stop.wait(), 0.5)
-        except asyncio.TimeoutError:
-            pass
-
-
-async def replay(args, port, reqs, bodies, worker_ports):
-    """Replays reqs against port; returns (results, wall seconds, waiting
-    samples)."""
-    loop = asyncio.get_running_loop()
-    speed = args.speedup
-    t0 = loop.time() + 0.5
-    results = [Result(i, t0 + r["timestamp"] / 1000.0 / speed)
-               for i, r in enumerate(reqs)]
-    samples = []
-    stop = asyncio.Event()
-    sampler = asyncio.create_task(sample_loads(worker_ports, samples, stop))
-    tasks = []
-    for r, res in zip(reqs, results):
-        delay = res.sched - loop.time()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        body = bodies.body(r)
-        tasks.append(asyncio.create_task(asyncio.wait_for(
-            one_request(port, body, res, args.read_batch),
-            args.request_timeout)))
-    # Bounded drain: whatever is still running after the timeout is an
-    # error (its wait_for has cancelled it by then).
-    done, pending = await asyncio.wait(tasks,
-                                       timeout=args.request_timeout + 5)
-    for t in pending:
-        t.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-    for res in results:
-        if res.error is None and res.e2e is None:
-            res.error = "timed out"
-    stop.set()
-    await sampler
-    ends = [res.sched + res.e2e for res in results if res.e2e is not None]
-    wall = (max(ends) if ends else loop.time()) - t0
-    return results, wall, samples
 
 
 # ---------------------------------------------------------------- figures
@@ -548,25 +144,19 @@ def figures(args, reqs, results, wall, stats, samples):
     }
 
 
-def host_cpu():
-    """(busy, total) CPU seconds of the whole host since boot."""
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:]]
-    hz = os.sysconf("SC_CLK_TCK")
-    idle = v[3] + (v[4] if len(v) > 4 else 0)
-    return (sum(v) - idle) / hz, sum(v) / hz
-
-
-def rusage_secs(who):
-    r = resource.getrusage(who)
-    return r.ru_utime + r.ru_stime
-
-
 def run_target(args, procs, target, reqs, bodies):
     """Starts a fresh fleet and the target, replays; figures or raises
     NotAvailable."""
     children0 = rusage_secs(resource.RUSAGE_CHILDREN)
-    fleet = Fleet(procs, args, target)
+    fleet = Fleet(procs, args.simworker, target, [[
+        "--page-size", str(PAGE_SIZE),
+        "--kv-capacity", str(args.kv_capacity),
+        "--context-length", str(args.context_length),
+        "--prefill-tps", str(args.prefill_tps),
+        "--decode-base-ms", str(args.decode_base_ms),
+        "--decode-per-req-ms", str(args.decode_per_req_ms),
+        "--max-running", str(args.max_running),
+        "--time-scale", str(args.time_scale)]] * WORKERS)
     proc = None
     try:
         if target in SMG_POLICIES:
@@ -577,7 +167,8 @@ def run_target(args, procs, target, reqs, bodies):
         log(f"{TITLES[target]}: replaying {len(reqs)} requests")
         host0, self0 = host_cpu(), rusage_secs(resource.RUSAGE_SELF)
         results, wall, samples = asyncio.run(
-            replay(args, port, reqs, bodies, fleet.ports))
+            replay(port, reqs, bodies, args.speedup, args.read_batch,
+                   args.request_timeout, fleet.ports))
         host1, self1 = host_cpu(), rusage_secs(resource.RUSAGE_SELF)
         stats = fleet.stats()
         f = figures(args, reqs, results, wall, stats, samples)

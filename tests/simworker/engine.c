@@ -243,8 +243,9 @@ engine_kick(struct engine *e)
 }
 
 /*
- * Admits what fits and returns the real-time length of the next step
- * (prefill of the admitted requests plus one decode token for the others);
+ * Admits what fits (batch size, KV, prefill tokens per step) and returns
+ * the real-time length of the next step (prefill of the admitted requests
+ * plus one decode token for the others);
  * -1 when there is nothing to step.
  */
 static int
@@ -257,6 +258,12 @@ engine_step_plan(struct engine *e, double *delay)
 
 	while ((r = TAILQ_FIRST(&e->e_waiting)) != NULL &&
 	    e->e_nrunning < e->e_params.ep_max_running) {
+		/* Estimated at arrival: a prefix cached since only makes it
+		 * smaller, so the limit holds. */
+		if (e->e_params.ep_max_prefill_tokens > 0 && prefill > 0 &&
+		    prefill + r->er_uncached_est >
+		        e->e_params.ep_max_prefill_tokens)
+			break;
 		if (engine_admit(e, r) == -1)
 			break;
 		prefill +=

@@ -268,6 +268,62 @@ test_throughput_not_diluted(void **state)
 	ev_loop_destroy(loop);
 }
 
+static void
+count_step(void *arg)
+{
+	(*(int *)arg)++;
+}
+
+/*
+ * With a prefill limit a step admits requests while their uncached tokens
+ * fit (the first always), so a short prompt queued behind a long one gets
+ * its first token in a step of its own; without it, everything waiting
+ * goes into one step.
+ */
+static void
+test_max_prefill_tokens(void **state)
+{
+	struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
+	struct cache *c = cache_new(16, 65536);
+	struct engine_params ep = {
+		.ep_max_running = 8,
+		.ep_prefill_tps = 8000,
+		.ep_time_scale = 0,
+	};
+	struct probe p;
+	struct tag tags[4];
+	uint32_t lens[4] = { 2000, 300, 500, 100 };
+	int i, limited, steps;
+
+	(void)state;
+	for (limited = 0; limited < 2; limited++) {
+		memset(&p, 0, sizeof(p));
+		ep.ep_max_prefill_tokens = limited ? 600 : 0;
+		steps = 0;
+		p.p_engine = engine_new(loop, &ep, c, count_step, &steps);
+		for (i = 0; i < 4; i++) {
+			tags[i] = (struct tag) { &p, i };
+			assert_non_null(engine_submit(p.p_engine,
+			    prompt(lens[i], (uint32_t)(10 * limited + i + 1)),
+			    lens[i], 1, 0, on_token, on_done, &tags[i]));
+		}
+		ev_run(loop, 0);
+		assert_int_equal(p.p_done, 4);
+		/* The first submit starts a step of the 2000 alone. Then,
+		 * limited: 300 (+500 is over), then 500 + 100: three steps,
+		 * at most two requests in one. Unlimited: one step of the
+		 * other three. */
+		assert_int_equal(steps, limited ? 3 : 2);
+		assert_int_equal(p.p_max_running, limited ? 2 : 3);
+		for (i = 0; i < 4; i++)
+			assert_int_equal(p.p_order[i], i);
+		engine_free(p.p_engine);
+		assert_int_equal(cache_flush(c), 0);
+	}
+	cache_free(c);
+	ev_loop_destroy(loop);
+}
+
 /* Cancelling, in any state or from the token callback, frees all. */
 static void
 test_cancel(void **state)
@@ -320,6 +376,7 @@ main(void)
 		cmocka_unit_test(test_prefix_reuse),
 		cmocka_unit_test(test_timing_and_hold),
 		cmocka_unit_test(test_throughput_not_diluted),
+		cmocka_unit_test(test_max_prefill_tokens),
 		cmocka_unit_test(test_cancel),
 	};
 

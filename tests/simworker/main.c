@@ -29,6 +29,7 @@ struct main_opts {
 	const char *mo_worker_id;
 	const char *mo_engine;
 	long long mo_max_running;
+	long long mo_max_prefill_tokens;
 	double mo_prefill_tps;
 	double mo_decode_base_ms;
 	double mo_decode_per_req_ms;
@@ -106,6 +107,10 @@ static const struct main_flag {
 	{ "engine", MAIN_FLAG_STR, &opts.mo_engine, 0, 0, "sglang or vllm" },
 	{ "max-running", MAIN_FLAG_INT, &opts.mo_max_running, 1, 1000000,
 	    "running batch limit" },
+	{ "max-prefill-tokens", MAIN_FLAG_INT, &opts.mo_max_prefill_tokens, 0,
+	    1e12,
+	    "uncached prompt tokens admitted per step; the first request of a "
+	    "step always is (0: no limit)" },
 	{ "prefill-tps", MAIN_FLAG_DOUBLE, &opts.mo_prefill_tps, 1e-3, 1e12,
 	    "prefill tokens per second" },
 	{ "decode-base-ms", MAIN_FLAG_DOUBLE, &opts.mo_decode_base_ms, 0, 1e6,
@@ -373,6 +378,7 @@ main(int argc, char **argv)
 	ep.ep_decode_base_ms = opts.mo_decode_base_ms;
 	ep.ep_decode_per_req_ms = opts.mo_decode_per_req_ms;
 	ep.ep_time_scale = opts.mo_time_scale;
+	ep.ep_max_prefill_tokens = (uint64_t)opts.mo_max_prefill_tokens;
 
 	/* The api reads the worker id (default: the port) per request. */
 	portstr[0] = '\0';

@@ -86,6 +86,9 @@ struct engine_params {
 	double ep_decode_base_ms;
 	double ep_decode_per_req_ms;
 	double ep_time_scale; /* delays divided by it; 0: no delays */
+	/* Uncached prompt tokens one step admits (SGLang's max_prefill_tokens);
+	 * the first request of a step always goes in. 0: no limit. */
+	uint64_t ep_max_prefill_tokens;
 };
 
 /* What a request reports while running and when done. */
