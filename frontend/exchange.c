@@ -244,8 +244,12 @@ exchange_dispatch(struct exchange *ex, unsigned i, struct upstream_req *up)
 		shm_inflight_inc(fe->fe_shm, fe->fe_row, xl->xl_d.dc_slot);
 		/* Live load: this prompt waits for its first byte there. */
 		xl->xl_ahead = shm_pending_total(fe->fe_shm, xl->xl_d.dc_slot);
-		xl->xl_pending =
-		    exchange_prefills(xl) ? ex->ex_prompt_tokens : 0;
+		/* What it must prefill: the broker's estimate of what the
+		 * worker already holds of this prompt is not work. */
+		xl->xl_pending = exchange_prefills(xl) &&
+		        ex->ex_prompt_tokens > xl->xl_d.dc_cached_tokens
+		    ? ex->ex_prompt_tokens - xl->xl_d.dc_cached_tokens
+		    : 0;
 		if (xl->xl_pending > 0)
 			shm_pending_add(fe->fe_shm, fe->fe_row,
 			    xl->xl_d.dc_slot, (int64_t)xl->xl_pending);
