@@ -56,7 +56,7 @@ exchange_new(struct conn *c, const struct extract_inputs *in,
 	ex->ex_nlegs = nlegs;
 	ex->ex_start = ev_now(fe->fe_loop);
 	snprintf(ex->ex_model, sizeof(ex->ex_model), "%s", "unknown");
-	retry_policy_from_config(&ex->ex_rp, fe->fe_cf);
+	backoff_policy_from_config(&ex->ex_rp, fe->fe_cf);
 	ev_init(&ex->ex_backoff, exchange_backoff_cb);
 	ex->ex_backoff.data = ex;
 	for (i = 0; i < nlegs; i++) {
@@ -109,7 +109,7 @@ bool
 exchange_can_retry(const struct exchange *ex, int status)
 {
 	return !ex->ex_fixed && !ex->ex_relayed &&
-	    retry_status_retryable(status) &&
+	    backoff_status_retryable(status) &&
 	    ex->ex_attempt + 1 < ex->ex_rp.rp_max_attempts;
 }
 
@@ -120,7 +120,7 @@ exchange_retry(struct exchange *ex, const struct exchange_leg *failed)
 	char labels[128];
 	long ms;
 
-	ms = retry_backoff_ms(&ex->ex_rp, ex->ex_attempt, retry_unit());
+	ms = backoff_ms(&ex->ex_rp, ex->ex_attempt, backoff_unit());
 	snprintf(labels, sizeof(labels), "worker_type=\"%s\",endpoint=\"%s\"",
 	    failed != NULL ? failed->xl_name : ex->ex_legs[0].xl_name,
 	    extract_endpoint_name(ex->ex_ep));
@@ -187,7 +187,7 @@ exchange_decided(void *arg, const struct decision *d)
 			exchange_retry(ex, NULL);
 			return;
 		}
-		if (!d->dc_terminal && retry_status_retryable(d->dc_status) &&
+		if (!d->dc_terminal && backoff_status_retryable(d->dc_status) &&
 		    ex->ex_rp.rp_max_attempts > 1)
 			exchange_exhausted(ex, bad);
 		exchange_fail(ex, d->dc_status, d->dc_code, d->dc_message,
@@ -616,7 +616,7 @@ exchange_next(struct exchange *ex, unsigned i, enum exchange_failure f,
 	/* Exhausted: a retryable failure that the policy would have tried
 	 * again had attempts been left. */
 	if (!ex->ex_fixed && f != EXCHANGE_TOO_LARGE &&
-	    retry_status_retryable(status) && ex->ex_rp.rp_max_attempts > 1)
+	    backoff_status_retryable(status) && ex->ex_rp.rp_max_attempts > 1)
 		exchange_exhausted(ex, xl);
 	exchange_count(ex, false, code);
 	ex->ex_ops->xo_failed(ex->ex_arg, status, code, msg, 0);

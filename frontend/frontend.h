@@ -263,9 +263,9 @@ size_t hdr_set_length(struct upstream_header *h, size_t n, char *buf,
 const struct upstream_header *hdr_find(const struct upstream_header *h,
     size_t n, const char *name);
 
-/* ---------------------------------------------------------- retry.c */
+/* ---------------------------------------------------------- backoff.c */
 
-struct retry_policy {
+struct backoff_policy {
 	unsigned rp_max_attempts; /* total, >= 1 */
 	long rp_initial_ms;
 	long rp_max_ms;
@@ -273,18 +273,18 @@ struct retry_policy {
 	double rp_jitter;
 };
 
-void retry_policy_from_config(struct retry_policy *rp, const struct config *cf);
+void backoff_policy_from_config(struct backoff_policy *rp,
+    const struct config *cf);
 /*
  * Backoff after failed attempt `attempt` (0-based), gateway.md §7.1:
  * d = min(trunc(initial * multiplier^attempt), max), then
  * max(0, d + round(d * u)) with u = jitter * unit, unit in [-1, 1].
  */
-long retry_backoff_ms(const struct retry_policy *rp, unsigned attempt,
-    double unit);
-/* A uniform draw in [-1, 1] for retry_backoff_ms. */
-double retry_unit(void);
+long backoff_ms(const struct backoff_policy *rp, unsigned attempt, double unit);
+/* A uniform draw in [-1, 1] for backoff_ms. */
+double backoff_unit(void);
 /* {408, 429, 500, 502, 503, 504}. */
-bool retry_status_retryable(int status);
+bool backoff_status_retryable(int status);
 
 /* ---------------------------------------------------------- fallback.c */
 
@@ -639,7 +639,7 @@ struct exchange {
 	void *ex_arg;
 	const char *ex_backend; /* "regular" or "pd" (metric label) */
 	enum extract_endpoint ex_ep;
-	struct retry_policy ex_rp;
+	struct backoff_policy ex_rp;
 	unsigned ex_attempt; /* 0-based */
 	unsigned ex_nlegs;
 	unsigned ex_undecided;

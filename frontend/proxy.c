@@ -395,7 +395,7 @@ proxy_on_head(void *arg, int status, const struct upstream_header *h, size_t n)
 	bool keep_length;
 
 	rq->rq_status = status;
-	if (retry_status_retryable(status) && exchange_can_retry(ex, status)) {
+	if (exchange_can_retry(ex, status)) {
 		/* Not relayed: drop this response and try again. */
 		exchange_next(ex, 0, EXCHANGE_WORKER_STATUS, status, NULL);
 		return;

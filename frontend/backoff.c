@@ -1,5 +1,5 @@
 /*
- * retry.c: the retry arithmetic of gateway.md §7.1 (attempt count,
+ * backoff.c: the retry arithmetic of gateway.md §7.1 (attempt count,
  * exponential backoff with jitter, which statuses are retried).
  */
 #include <math.h>
@@ -8,7 +8,7 @@
 #include "frontend/frontend.h"
 
 void
-retry_policy_from_config(struct retry_policy *rp, const struct config *cf)
+backoff_policy_from_config(struct backoff_policy *rp, const struct config *cf)
 {
 	rp->rp_max_attempts = cf->cf_retry_max_retries < 1
 	    ? 1
@@ -22,7 +22,7 @@ retry_policy_from_config(struct retry_policy *rp, const struct config *cf)
 }
 
 long
-retry_backoff_ms(const struct retry_policy *rp, unsigned attempt, double unit)
+backoff_ms(const struct backoff_policy *rp, unsigned attempt, double unit)
 {
 	double d, j;
 	long base;
@@ -41,13 +41,13 @@ retry_backoff_ms(const struct retry_policy *rp, unsigned attempt, double unit)
 }
 
 double
-retry_unit(void)
+backoff_unit(void)
 {
 	return (double)random() / (double)RAND_MAX * 2.0 - 1.0;
 }
 
 bool
-retry_status_retryable(int status)
+backoff_status_retryable(int status)
 {
 	switch (status) {
 	case 408:
