@@ -1034,3 +1034,31 @@ conn_set_routes(const struct conn_routes *routes)
 {
 	conn_routes = routes;
 }
+
+void
+conn_method_not_allowed(struct conn *c, const char *allow, const char *id)
+{
+	struct http_out *o;
+	char *body;
+	size_t len;
+
+	if ((body = http_error_body(405, "method_not_allowed",
+	         "Method not allowed")) == NULL) {
+		conn_error(c, 503, "out_of_memory", "Out of memory", id, 0);
+		return;
+	}
+	len = strlen(body);
+	o = conn_response(c, 405);
+	http_out_header(o, "X-SMG-Error-Code", "method_not_allowed");
+	http_out_header(o, "Allow", allow);
+	http_out_header(o, "Content-Type", "application/json");
+	http_out_headerf(o, "Content-Length", "%zu", len);
+	if (id != NULL)
+		http_out_header(o, "x-request-id", id);
+	http_out_header(o, "Connection",
+	    conn_keep_alive(c) ? "keep-alive" : "close");
+	http_out_end_head(o);
+	http_out_append(o, body, len);
+	free(body);
+	conn_request_done(c);
+}

@@ -47,6 +47,7 @@
 
 struct conn;
 struct req;
+struct reqctx;
 
 /* Which listener accepted a connection, hence which routes it serves. */
 enum listener_kind {
@@ -182,6 +183,10 @@ void conn_respond(struct conn *c, int status, const char *content_type,
     const char *body, size_t len, const char *request_id);
 void conn_error(struct conn *c, int status, const char *code,
     const char *message, const char *request_id, int retry_after_secs);
+/* 405 with Allow: allow (the route's methods), in the gateway's error
+ * shape; ends the request. */
+void conn_method_not_allowed(struct conn *c, const char *allow,
+    const char *request_id);
 /* Takes ownership of j (deleted); 503 when it cannot be printed. */
 void conn_json(struct conn *c, int status, cJSON *j, const char *request_id);
 /* Starts a response of its own: the status line, recorded as the status
@@ -231,9 +236,9 @@ bool hdr_is_looped(const struct http_request *req);
  * next call, so hand the list on (upstream_request copies it) before calling
  * again. Returns the count written to out (at most max).
  */
-size_t hdr_upstream(const struct http_request *req, const char *request_id,
-    const char *worker_api_key, bool json_body, char *authbuf, size_t authlen,
-    struct upstream_header *out, size_t max);
+size_t hdr_upstream(const struct http_request *req, const struct reqctx *rx,
+    const char *request_id, const char *worker_api_key, bool json_body,
+    char *authbuf, size_t authlen, struct upstream_header *out, size_t max);
 
 /*
  * Appends the relayed response head: status line, the worker's headers
@@ -858,9 +863,6 @@ char *pd_merge_event(const char *ev, size_t len, const cJSON *prefill,
 /* The connection's routes: one complete request read on a connection of
  * that kind goes to the module owning its route. */
 extern const struct conn_routes router_routes;
-/* 405 in the gateway's error shape with Allow: allow; ends the request. */
-void router_method_not_allowed(struct conn *c, const char *allow,
-    const char *request_id);
 
 /* ---------------------------------------------------------- endpoints.c */
 

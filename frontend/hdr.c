@@ -216,11 +216,10 @@ hdr_via_value(const struct http_request *req, char *buf, size_t len)
 }
 
 size_t
-hdr_upstream(const struct http_request *req, const char *request_id,
-    const char *worker_api_key, bool json_body, char *authbuf, size_t authlen,
-    struct upstream_header *out, size_t max)
+hdr_upstream(const struct http_request *req, const struct reqctx *rx,
+    const char *request_id, const char *worker_api_key, bool json_body,
+    char *authbuf, size_t authlen, struct upstream_header *out, size_t max)
 {
-	const struct reqctx *rx = reqctx_find(req);
 	size_t i, n = 0, vlen;
 	/* A worker with a key of its own gets that key, never the client's
 	 * credentials (which are the gateway's to check). */

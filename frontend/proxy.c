@@ -292,8 +292,8 @@ proxy_headers(struct req *rq, const struct decision *d, bool body, char *auth,
 	const struct http_header *ct;
 	size_t n;
 
-	n = hdr_upstream(rq->rq_hr, rq->rq_id, d->dc_api_key,
-	    body && !multipart, auth, alen, h, HDR_UPSTREAM_MAX);
+	n = hdr_upstream(rq->rq_hr, reqctx_find(rq->rq_hr), rq->rq_id,
+	    d->dc_api_key, body && !multipart, auth, alen, h, HDR_UPSTREAM_MAX);
 	if (multipart && n < HDR_UPSTREAM_MAX &&
 	    (ct = http_request_header(rq->rq_hr, "content-type")) != NULL) {
 		h[n].uh_name = "content-type";

@@ -72,34 +72,6 @@ static void router_serve(struct conn *, const struct http_request *,
 static void router_deny(struct conn *, enum auth_verdict, const char *,
     const char *, const char *);
 
-void
-router_method_not_allowed(struct conn *c, const char *allow, const char *id)
-{
-	struct http_out *o;
-	char *body;
-	size_t len;
-
-	if ((body = http_error_body(405, "method_not_allowed",
-	         "Method not allowed")) == NULL) {
-		conn_error(c, 503, "out_of_memory", "Out of memory", id, 0);
-		return;
-	}
-	len = strlen(body);
-	o = conn_response(c, 405);
-	http_out_header(o, "X-SMG-Error-Code", "method_not_allowed");
-	http_out_header(o, "Allow", allow);
-	http_out_header(o, "Content-Type", "application/json");
-	http_out_headerf(o, "Content-Length", "%zu", len);
-	if (id != NULL)
-		http_out_header(o, "x-request-id", id);
-	http_out_header(o, "Connection",
-	    conn_keep_alive(c) ? "keep-alive" : "close");
-	http_out_end_head(o);
-	http_out_append(o, body, len);
-	free(body);
-	conn_request_done(c);
-}
-
 static const char *
 router_absent_subsystem(const char *path)
 {
@@ -250,7 +222,7 @@ router_dispatch(struct conn *c, const struct http_request *hr,
 		if (strcmp(path, "/health") == 0 ||
 		    strcmp(path, "/liveness") == 0 ||
 		    strcmp(path, "/readiness") == 0)
-			router_method_not_allowed(c, "GET", id);
+			conn_method_not_allowed(c, "GET", id);
 		else
 			conn_error(c, 404, "not_found", "Not found", id, 0);
 		return;
@@ -296,7 +268,7 @@ router_dispatch(struct conn *c, const struct http_request *hr,
 	}
 	if (extract_route(path, &ep) == 0) {
 		if (!post) {
-			router_method_not_allowed(c, "POST", id);
+			conn_method_not_allowed(c, "POST", id);
 			return;
 		}
 		if ((v = auth_data_plane(hr, rx, msg, sizeof(msg))) !=
@@ -332,7 +304,7 @@ router_dispatch(struct conn *c, const struct http_request *hr,
 		return;
 	}
 	if ((allow = router_known_allow(path)) != NULL) {
-		router_method_not_allowed(c, allow, id);
+		conn_method_not_allowed(c, allow, id);
 		return;
 	}
 	if ((subsystem = router_absent_subsystem(path)) != NULL) {

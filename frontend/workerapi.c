@@ -168,7 +168,7 @@ workerapi_start(struct conn *c, const struct http_request *hr, const char *id)
 		ar.op_case = SMG__ADMIN_REQUEST__OP_UPDATE_WORKER;
 		ar.update_worker = &wu;
 	} else {
-		router_method_not_allowed(c,
+		conn_method_not_allowed(c,
 		    collection ? "GET, POST, DELETE"
 		               : "GET, PUT, PATCH, DELETE",
 		    id);
