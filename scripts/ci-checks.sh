@@ -15,7 +15,9 @@
 #           most SMG_UNIT_EXPOSURE (tenths: default 20 = 2.0); skipped,
 #           with the reason printed, when systemd-analyze (Debian package
 #           systemd) is absent
-# Usage: scripts/ci-checks.sh [step...]   (all five by default)
+#   calls   no two .c files of a process call each other in circles
+#           (scripts/callgraph.py over the objects of build/)
+# Usage: scripts/ci-checks.sh [step...]   (all six by default)
 # Installs what it needs (clang, libFuzzer's runtime) with apt-get like
 # scripts/install-deps.sh. Build dirs are kept for the next run.
 set -eu
@@ -23,11 +25,18 @@ cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh clang libclang-rt-14-dev
 
 jobs=$(nproc)
-steps=${*:-format fuzz tsan clang units}
+steps=${*:-format calls fuzz tsan clang units}
 summary=""
 
 step_format() {
 	git ls-files -z -- '*.c' '*.h' | xargs -0 clang-format --dry-run -Werror
+}
+
+step_calls() {
+	[ -d build/frontend ] || ./scripts/build.sh >/dev/null
+	python3 scripts/callgraph.py build frontend broker poller >/dev/null ||
+	    { python3 scripts/callgraph.py build frontend broker poller |
+	        grep CYCLE; return 1; }
 }
 
 step_fuzz() {
@@ -104,7 +113,7 @@ step_units() {
 
 for s in $steps; do
 	case $s in
-	format | fuzz | tsan | clang | units) ;;
+	format | calls | fuzz | tsan | clang | units) ;;
 	*) echo "ci-checks: unknown step $s" >&2; exit 2 ;;
 	esac
 	echo "== $s"
