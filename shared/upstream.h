@@ -1,5 +1,6 @@
 /*
- * upstream.h: requests from a frontend to workers, on pooled keep-alive
+ * upstream.h: the HTTP/1.1 client of every process (the frontend's
+ * requests to workers, the poller's probes and polls), on pooled keep-alive
  * HTTP/1.1 connections (TLS through mbedTLS for https:// workers).
  *
  * One pool per worker base URL; idle connections close after
@@ -11,13 +12,14 @@
  * Flow control: when the caller cannot take more (its client is slow) it
  * calls upstream_pause; reading the worker stops until upstream_resume.
  *
- * Every callback runs on the frontend's loop. After on_done (exactly once
- * per started request, unless cancelled) the request handle is gone.
+ * Every callback runs on the loop given to upstream_new. After on_done
+ * (exactly once per started request, unless cancelled) the request handle
+ * is gone.
  * upstream_cancel drops the connection (the engine sees the disconnect and
  * aborts the generation) and no callback runs afterwards.
  */
-#ifndef FRONTEND_UPSTREAM_H
-#define FRONTEND_UPSTREAM_H
+#ifndef SHARED_UPSTREAM_H
+#define SHARED_UPSTREAM_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -26,7 +28,7 @@
 
 #include <ev.h>
 
-struct upstream; /* all pools of one frontend */
+struct upstream; /* all pools of one process */
 struct upstream_req; /* one in-flight request */
 
 struct upstream_header {
@@ -139,4 +141,4 @@ unsigned upstream_idle_connections(struct upstream *up);
  * before any response byte, cumulative. */
 unsigned long upstream_send_retries(struct upstream *up);
 
-#endif /* FRONTEND_UPSTREAM_H */
+#endif /* SHARED_UPSTREAM_H */

@@ -22,7 +22,7 @@
 
 #include "shared/log.h"
 #include "shared/tls.h"
-#include "frontend/upstream.h"
+#include "shared/upstream.h"
 
 #ifndef container_of
 #define container_of(ptr, type, member)                                        \

@@ -1,6 +1,7 @@
 /*
- * upstream.c: pooled keep-alive HTTP/1.1 connections from a frontend to its
- * workers, plain or TLS, driven by the frontend's libev loop.
+ * upstream.c: the HTTP/1.1 client: pooled keep-alive connections to
+ * workers (and other HTTP servers), plain or TLS, driven by the caller's
+ * libev loop.
  *
  * Name resolution: a literal IPv4/IPv6 host is parsed with inet_pton and
  * never touches DNS. A host name is resolved with getaddrinfo, which blocks
@@ -35,7 +36,7 @@
 #include "shared/log.h"
 #include "shared/tls.h"
 #include "shared/xmalloc.h"
-#include "frontend/upstream.h"
+#include "shared/upstream.h"
 
 #ifndef container_of
 #define container_of(ptr, type, member)                                        \
