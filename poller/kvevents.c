@@ -43,7 +43,7 @@ static int kv_subscribe(struct pworker *, const char *, const char *);
 static void kv_io_cb(struct ev_loop *, ev_io *, int);
 static void kv_message(struct pworker *, zmq_msg_t *, size_t);
 static void kv_probe(struct pworker *, const char *);
-static void kv_probe_cb(void *, const struct http_client_result *);
+static void kv_probe_cb(void *, const struct upstream_result *);
 static void kv_forward(struct pworker *, uint64_t, enum kvevents_verdict,
     Smg__KvEventBatch *);
 static bool kv_grpc_wanted(const struct config *);
@@ -590,8 +590,8 @@ kv_probe(struct pworker *pw, const char *path)
 	struct kvevents_state *ks = &pw->pw_kv;
 
 	ks->ks_probe = KVEVENTS_PROBE_BUSY;
-	ks->ks_req = http_client_get(p->p_loop, p->p_tls, pw->pw_url, path,
-	    pw->pw_api_key, KV_TIMEOUT_SECS, POLLER_BODY_MAX, kv_probe_cb, pw);
+	ks->ks_req = fetch_get(p, pw->pw_url, path, pw->pw_api_key,
+	    KV_TIMEOUT_SECS, POLLER_BODY_MAX, kv_probe_cb, pw);
 	if (ks->ks_req == NULL) {
 		ks->ks_probe = KVEVENTS_PROBE_NONE;
 		ks->ks_next_ms = shm_now_ms() + KV_PROBE_RETRY_MS;
@@ -599,29 +599,29 @@ kv_probe(struct pworker *pw, const char *path)
 }
 
 static void
-kv_probe_cb(void *arg, const struct http_client_result *res)
+kv_probe_cb(void *arg, const struct upstream_result *res)
 {
 	struct pworker *pw = arg;
 	struct kvevents_state *ks = &pw->pw_kv;
 
 	ks->ks_req = NULL;
-	if (res->hr_error != HTTP_CLIENT_OK) {
+	if (res->ur_error != UPSTREAM_OK) {
 		/* Unreachable for now: ask again later. */
 		ks->ks_probe = KVEVENTS_PROBE_NONE;
 		ks->ks_probe_fallback = false;
 		ks->ks_next_ms = shm_now_ms() + KV_PROBE_RETRY_MS;
 		return;
 	}
-	if (res->hr_status == 404 && !ks->ks_probe_fallback) {
+	if (res->ur_status == 404 && !ks->ks_probe_fallback) {
 		ks->ks_probe_fallback = true;
 		kv_probe(pw, "/server_info");
 		return;
 	}
 	ks->ks_probe = KVEVENTS_PROBE_DONE;
 	ks->ks_found[0] = ks->ks_topic[0] = '\0';
-	if (res->hr_status < 200 || res->hr_status >= 300 ||
-	    res->hr_truncated ||
-	    kvevents_parse_server_info(res->hr_body, res->hr_body_len,
+	if (res->ur_status < 200 || res->ur_status >= 300 ||
+	    res->ur_truncated ||
+	    kvevents_parse_server_info(res->ur_body, res->ur_body_len,
 	        ks->ks_found, sizeof(ks->ks_found), ks->ks_topic,
 	        sizeof(ks->ks_topic)) == -1) {
 		ks->ks_found[0] = ks->ks_topic[0] = '\0';
@@ -1005,7 +1005,7 @@ kvevents_stop(struct pworker *pw)
 		log_info("%s: %s: unsubscribed from %s", __func__, pw->pw_url,
 		    ks->ks_endpoint);
 	}
-	http_client_cancel(ks->ks_req);
+	upstream_fetch_cancel(ks->ks_req);
 	grpc_call_cancel(ks->ks_stream);
 	memset(ks, 0, sizeof(*ks));
 }

@@ -35,7 +35,7 @@ static int64_t load_int(const cJSON *o, const char *name);
 static double load_num(const cJSON *o, const char *name);
 static void load_fetch(struct pworker *pw, enum load_step step);
 static bool load_fallback_allowed(const struct pworker *pw);
-static void load_done_cb(void *arg, const struct http_client_result *res);
+static void load_done_cb(void *arg, const struct upstream_result *res);
 static void load_gauges(struct pworker *pw, const Smg__RankLoad *ranks,
     size_t n);
 static void load_gauge_set(struct pworker *, const char *, int32_t, double,
@@ -216,7 +216,7 @@ load_stop(struct pworker *pw)
 	struct load_state *ls = &pw->pw_load;
 	bool absent = ls->ls_absent, grpc_absent;
 
-	http_client_cancel(ls->ls_req);
+	upstream_fetch_cancel(ls->ls_req);
 	ls->ls_req = NULL;
 	grpc_call_cancel(ls->ls_call);
 	ls->ls_call = NULL;
@@ -247,7 +247,7 @@ load_fetch(struct pworker *pw, enum load_step step)
 	struct load_state *ls = &pw->pw_load;
 
 	ls->ls_step = step;
-	ls->ls_req = http_client_get(p->p_loop, p->p_tls, pw->pw_url,
+	ls->ls_req = fetch_get(p, pw->pw_url,
 	    step == LOAD_LOADS ? LOAD_PATH : "/metrics", pw->pw_api_key,
 	    LOAD_TIMEOUT_SECS, POLLER_BODY_MAX, load_done_cb, pw);
 	if (ls->ls_req == NULL)
@@ -255,7 +255,7 @@ load_fetch(struct pworker *pw, enum load_step step)
 }
 
 static void
-load_done_cb(void *arg, const struct http_client_result *res)
+load_done_cb(void *arg, const struct upstream_result *res)
 {
 	static Smg__RankLoad ranks[LOAD_MAX_RANKS];
 	struct pworker *pw = arg;
@@ -267,17 +267,16 @@ load_done_cb(void *arg, const struct http_client_result *res)
 
 	ls->ls_req = NULL;
 	ls->ls_step = LOAD_IDLE;
-	ok2xx = res->hr_error == HTTP_CLIENT_OK && res->hr_status >= 200 &&
-	    res->hr_status < 300;
-	if (res->hr_error != HTTP_CLIENT_OK)
-		snprintf(why, sizeof(why), "%s",
-		    http_client_strerror(res->hr_error));
+	ok2xx = res->ur_error == UPSTREAM_OK && res->ur_status >= 200 &&
+	    res->ur_status < 300;
+	if (res->ur_error != UPSTREAM_OK)
+		snprintf(why, sizeof(why), "%s", res->ur_reason);
 	else
-		snprintf(why, sizeof(why), "status %d", res->hr_status);
+		snprintf(why, sizeof(why), "status %d", res->ur_status);
 
 	if (step == LOAD_METRICS) {
-		if (ok2xx && !res->hr_truncated &&
-		    load_parse_prom(res->hr_body, res->hr_body_len,
+		if (ok2xx && !res->ur_truncated &&
+		    load_parse_prom(res->ur_body, res->ur_body_len,
 		        pw->pw_runtime[0] != '\0' ? pw->pw_runtime : NULL,
 		        &ranks[0]) == 0) {
 			load_report(pw, ranks, 1, "metrics");
@@ -289,8 +288,8 @@ load_done_cb(void *arg, const struct http_client_result *res)
 		return;
 	}
 
-	if (ok2xx && !res->hr_truncated) {
-		switch (load_parse_json(res->hr_body, res->hr_body_len, ranks,
+	if (ok2xx && !res->ur_truncated) {
+		switch (load_parse_json(res->ur_body, res->ur_body_len, ranks,
 		    LOAD_MAX_RANKS, &n)) {
 		case LOAD_PARSE_REPORT:
 			load_report(pw, ranks, n, "loads");
@@ -305,9 +304,9 @@ load_done_cb(void *arg, const struct http_client_result *res)
 			ls->ls_absent = true;
 			break;
 		}
-	} else if (res->hr_error == HTTP_CLIENT_OK &&
-	    (res->hr_status == 404 || res->hr_status == 405 ||
-	        res->hr_status == 501))
+	} else if (res->ur_error == UPSTREAM_OK &&
+	    (res->ur_status == 404 || res->ur_status == 405 ||
+	        res->ur_status == 501))
 		ls->ls_absent = true;
 
 	if (ls->ls_absent)

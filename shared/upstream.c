@@ -146,9 +146,27 @@ struct upstream_req {
 	bool rq_cancelled;
 	bool rq_in_parse;
 	bool rq_resent;
+	const char *rq_reason; /* finer text of a failure, or NULL */
+	struct upstream_fetch *rq_fetch; /* the fetch this request serves */
 	size_t rq_rlen;
 	size_t rq_roff;
 	char rq_rbuf[UPSTREAM_READ_SIZE];
+};
+
+/* One upstream_fetch: the response collected for one callback. */
+struct upstream_fetch {
+	struct upstream *uf_up;
+	struct upstream_req *uf_req; /* NULL once ended */
+	upstream_fetch_cb uf_cb;
+	void *uf_arg;
+	ev_timer uf_fail; /* reports a request that could not start */
+	const char *uf_reason;
+	int uf_status;
+	char *uf_body;
+	size_t uf_len;
+	size_t uf_cap;
+	size_t uf_max;
+	bool uf_truncated;
 };
 
 struct upstream {
@@ -206,7 +224,14 @@ static char *req_build(const struct up_url *u, const char *method,
 static struct upstream_req *up_start(struct upstream *up, const char *base_url,
     const char *method, const char *path, const struct upstream_header *headers,
     size_t nheaders, const char *body, size_t body_len, bool stream,
-    uint64_t stream_len, const struct upstream_cbs *cbs, void *arg);
+    uint64_t stream_len, double timeout, const struct upstream_cbs *cbs,
+    void *arg);
+static void fetch_on_head(void *arg, int status,
+    const struct upstream_header *headers, size_t nheaders);
+static void fetch_on_body(void *arg, const char *data, size_t len);
+static void fetch_on_done(void *arg, enum upstream_error err);
+static void fetch_fail_cb(struct ev_loop *loop, ev_timer *w, int revents);
+static void fetch_deliver(struct upstream_fetch *f, enum upstream_error err);
 static void req_wnotify_cb(struct ev_loop *loop, ev_timer *w, int revents);
 static enum upstream_error req_attach(struct upstream_req *req, bool fresh);
 static void req_defer_failure(struct upstream_req *req,
@@ -788,7 +813,7 @@ upstream_request(struct upstream *up, const char *base_url, const char *method,
     void *arg)
 {
 	return up_start(up, base_url, method, path, headers, nheaders, body,
-	    body_len, false, 0, cbs, arg);
+	    body_len, false, 0, up->up_request_timeout, cbs, arg);
 }
 
 struct upstream_req *
@@ -798,14 +823,14 @@ upstream_request_stream(struct upstream *up, const char *base_url,
     void *arg)
 {
 	return up_start(up, base_url, method, path, headers, nheaders, NULL, 0,
-	    true, body_len, cbs, arg);
+	    true, body_len, up->up_request_timeout, cbs, arg);
 }
 
 static struct upstream_req *
 up_start(struct upstream *up, const char *base_url, const char *method,
     const char *path, const struct upstream_header *headers, size_t nheaders,
     const char *body, size_t body_len, bool stream, uint64_t stream_len,
-    const struct upstream_cbs *cbs, void *arg)
+    double timeout, const struct upstream_cbs *cbs, void *arg)
 {
 	struct upstream_req *req;
 	struct up_url u;
@@ -854,8 +879,8 @@ up_start(struct upstream *up, const char *base_url, const char *method,
 	LIST_INSERT_HEAD(&up->up_reqs, req, rq_link);
 	ev_timer_init(&req->rq_timer, req_timer_cb, 0., 0.);
 	ev_timer_init(&req->rq_wnotify, req_wnotify_cb, 0., 0.);
-	if (up->up_request_timeout > 0) {
-		ev_timer_set(&req->rq_timer, up->up_request_timeout, 0.);
+	if (timeout > 0) {
+		ev_timer_set(&req->rq_timer, timeout, 0.);
 		ev_timer_start(up->up_loop, &req->rq_timer);
 	}
 	/* A streamed body cannot be sent twice: always a new connection,
@@ -944,10 +969,14 @@ req_attach(struct upstream_req *req, bool fresh)
 		ev_feed_event(up->up_loop, &c->cn_io, EV_WRITE);
 		return UPSTREAM_OK;
 	}
-	if (pl->pl_stale && !pl->pl_literal && pool_resolve(pl) == -1)
+	if (pl->pl_stale && !pl->pl_literal && pool_resolve(pl) == -1) {
+		req->rq_reason = "cannot resolve host";
 		return UPSTREAM_CONNECT_FAILED;
-	if (pl->pl_tls && up_tls_ctx(up) == NULL)
+	}
+	if (pl->pl_tls && up_tls_ctx(up) == NULL) {
+		req->rq_reason = "https not available";
 		return UPSTREAM_CONNECT_FAILED;
+	}
 	if ((c = calloc(1, sizeof(*c))) == NULL) {
 		log_warn("%s: calloc", __func__);
 		return UPSTREAM_CONNECT_FAILED;
@@ -1052,6 +1081,7 @@ req_connected(struct upstream_req *req)
 		c->cn_tls = tls_conn_new_client(pl->pl_up->up_tls, c->cn_fd,
 		    pl->pl_host);
 		if (c->cn_tls == NULL) {
+			req->rq_reason = "tls handshake failed";
 			req_fail(req, UPSTREAM_CONNECT_FAILED);
 			return UPS_DONE;
 		}
@@ -1082,6 +1112,7 @@ req_handshake(struct upstream_req *req)
 	default:
 		log_warnx("%s: %s: TLS handshake failed", __func__,
 		    c->cn_pool->pl_key);
+		req->rq_reason = "tls handshake failed";
 		req_fail(req, UPSTREAM_CONNECT_FAILED);
 		return UPS_DONE;
 	}
@@ -1347,6 +1378,8 @@ req_end(struct upstream_req *req, enum upstream_error err)
 	void (*on_done)(void *, enum upstream_error) = req->rq_cbs.on_done;
 	void *arg = req->rq_arg;
 
+	if (req->rq_fetch != NULL)
+		req->rq_fetch->uf_reason = req->rq_reason;
 	req_free(req);
 	if (on_done != NULL)
 		on_done(arg, err);
@@ -1651,4 +1684,164 @@ rp_on_message_complete(http_parser *p)
 	if (HTTP_PARSER_ERRNO(p) == HPE_OK)
 		http_parser_pause(p, 1);
 	return 0;
+}
+
+const char *
+upstream_strerror(enum upstream_error err)
+{
+	switch (err) {
+	case UPSTREAM_OK:
+		return "ok";
+	case UPSTREAM_CONNECT_FAILED:
+		return "connect failed";
+	case UPSTREAM_SEND_FAILED:
+		return "connection error";
+	case UPSTREAM_TIMEOUT:
+		return "timeout";
+	case UPSTREAM_PROTOCOL:
+		return "malformed response";
+	case UPSTREAM_RESET_MIDSTREAM:
+		return "connection lost mid-response";
+	case UPSTREAM_BAD_REQUEST:
+		return "bad url or request";
+	}
+	return "unknown error";
+}
+
+struct upstream_fetch *
+upstream_fetch(struct upstream *up, const char *base_url, const char *path,
+    const struct upstream_header *headers, size_t nheaders, double timeout_secs,
+    size_t body_max, upstream_fetch_cb cb, void *arg)
+{
+	static const struct upstream_cbs fetch_cbs = {
+		.on_head = fetch_on_head,
+		.on_body = fetch_on_body,
+		.on_done = fetch_on_done,
+	};
+	struct upstream_fetch *f;
+
+	if ((f = calloc(1, sizeof(*f))) == NULL) {
+		log_warn("%s: calloc", __func__);
+		return NULL;
+	}
+	f->uf_up = up;
+	f->uf_cb = cb;
+	f->uf_arg = arg;
+	f->uf_max = body_max;
+	ev_timer_init(&f->uf_fail, fetch_fail_cb, 0., 0.);
+	f->uf_req = up_start(up, base_url, "GET", path, headers, nheaders, NULL,
+	    0, false, 0, timeout_secs, &fetch_cbs, f);
+	if (f->uf_req == NULL)
+		ev_timer_start(up->up_loop, &f->uf_fail);
+	else
+		f->uf_req->rq_fetch = f;
+	return f;
+}
+
+void
+upstream_fetch_cancel(struct upstream_fetch *f)
+{
+	if (f == NULL)
+		return;
+	if (f->uf_req != NULL)
+		upstream_cancel(f->uf_req);
+	ev_timer_stop(f->uf_up->up_loop, &f->uf_fail);
+	free(f->uf_body);
+	free(f);
+}
+
+static void
+fetch_on_head(void *arg, int status, const struct upstream_header *headers,
+    size_t nheaders)
+{
+	struct upstream_fetch *f = arg;
+
+	(void)headers;
+	(void)nheaders;
+	f->uf_status = status;
+}
+
+static void
+fetch_on_body(void *arg, const char *data, size_t len)
+{
+	struct upstream_fetch *f = arg;
+	struct upstream_req *req;
+	size_t cap;
+	char *nb;
+
+	if (len > f->uf_max - f->uf_len) {
+		/* Over the cap: keep what fits, the rest is not read. */
+		len = f->uf_max - f->uf_len;
+		f->uf_truncated = true;
+	}
+	if (f->uf_len + len + 1 > f->uf_cap) {
+		cap = f->uf_cap == 0 ? 1024 : f->uf_cap;
+		while (cap < f->uf_len + len + 1)
+			cap *= 2;
+		if ((nb = realloc(f->uf_body, cap)) == NULL) {
+			log_warn("%s: realloc", __func__);
+			f->uf_reason = "out of memory";
+			req = f->uf_req;
+			f->uf_req = NULL;
+			upstream_cancel(req);
+			fetch_deliver(f, UPSTREAM_PROTOCOL);
+			return;
+		}
+		f->uf_body = nb;
+		f->uf_cap = cap;
+	}
+	memcpy(f->uf_body + f->uf_len, data, len);
+	f->uf_len += len;
+	f->uf_body[f->uf_len] = '\0';
+	if (f->uf_truncated) {
+		req = f->uf_req;
+		f->uf_req = NULL;
+		upstream_cancel(req);
+		fetch_deliver(f, UPSTREAM_OK);
+	}
+}
+
+static void
+fetch_on_done(void *arg, enum upstream_error err)
+{
+	struct upstream_fetch *f = arg;
+
+	f->uf_req = NULL;
+	fetch_deliver(f, err);
+}
+
+static void
+fetch_fail_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	struct upstream_fetch *f =
+	    container_of(w, struct upstream_fetch, uf_fail);
+
+	(void)loop;
+	(void)revents;
+	fetch_deliver(f, UPSTREAM_BAD_REQUEST);
+}
+
+/* Tells the caller once, then frees f. */
+static void
+fetch_deliver(struct upstream_fetch *f, enum upstream_error err)
+{
+	struct upstream_result res;
+
+	memset(&res, 0, sizeof(res));
+	res.ur_error = err;
+	res.ur_reason = err == UPSTREAM_OK || f->uf_reason == NULL
+	    ? upstream_strerror(err)
+	    : f->uf_reason;
+	res.ur_body = "";
+	if (err == UPSTREAM_OK) {
+		res.ur_status = f->uf_status;
+		if (f->uf_body != NULL)
+			res.ur_body = f->uf_body;
+		res.ur_body_len = f->uf_len;
+		res.ur_truncated = f->uf_truncated;
+	}
+	f->uf_cb(f->uf_arg, &res);
+	ev_timer_stop(f->uf_up->up_loop, &f->uf_fail);
+	free(f->uf_body);
+	free(f);
 }

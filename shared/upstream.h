@@ -45,6 +45,7 @@ enum upstream_error {
 	UPSTREAM_TIMEOUT, /* connect or request deadline */
 	UPSTREAM_PROTOCOL, /* unparsable response */
 	UPSTREAM_RESET_MIDSTREAM, /* closed after the head was received */
+	UPSTREAM_BAD_REQUEST, /* upstream_fetch only: could not start */
 };
 
 struct upstream_cbs {
@@ -84,7 +85,8 @@ struct upstream_config {
 struct upstream *upstream_new(struct ev_loop *loop,
     const struct upstream_config *cfg);
 /* Closes every connection; pending requests get no callbacks. Not to be
- * called from inside an upstream callback. */
+ * called from inside an upstream callback; pending fetches are cancelled
+ * by their owners first. */
 void upstream_free(struct upstream *up);
 
 /*
@@ -134,6 +136,45 @@ ssize_t upstream_body_write(struct upstream_req *req, const char *data,
 void upstream_pause(struct upstream_req *req);
 void upstream_resume(struct upstream_req *req);
 void upstream_cancel(struct upstream_req *req);
+
+/*
+ * A whole small response in one callback, for probes and polls: GET
+ * base_url+path with the caller's headers, bounded by timeout_secs (> 0;
+ * it replaces the request timeout of upstream_new), the body kept up to
+ * body_max bytes (beyond that the response ends there, ur_truncated set,
+ * and the connection is dropped).
+ */
+struct upstream_result {
+	enum upstream_error ur_error; /* UPSTREAM_OK: a response came */
+	/* Finer text for logs and reports ("tls handshake failed", "cannot
+	 * resolve host", ...); static. */
+	const char *ur_reason;
+	int ur_status; /* ur_error UPSTREAM_OK only */
+	const char *ur_body; /* NUL-terminated, never NULL */
+	size_t ur_body_len;
+	bool ur_truncated;
+};
+
+/* Called once, from the loop; res and its body are valid only during the
+ * call, and the fetch handle is gone once it returns. */
+typedef void (*upstream_fetch_cb)(void *arg, const struct upstream_result *res);
+
+struct upstream_fetch;
+
+/*
+ * Starts the GET. cb is never called before this returns: a request that
+ * cannot start (bad URL, path or header) fails from the loop with
+ * UPSTREAM_BAD_REQUEST. Returns NULL (logged) only when out of memory;
+ * cb is then never called.
+ */
+struct upstream_fetch *upstream_fetch(struct upstream *up, const char *base_url,
+    const char *path, const struct upstream_header *headers, size_t nheaders,
+    double timeout_secs, size_t body_max, upstream_fetch_cb cb, void *arg);
+/* Drops a pending fetch; its callback is not called. NULL: no-op. */
+void upstream_fetch_cancel(struct upstream_fetch *f);
+
+/* Static text for an error ("timeout", "connect failed", ...). */
+const char *upstream_strerror(enum upstream_error err);
 
 /* Statistics for tests and metrics. */
 unsigned upstream_idle_connections(struct upstream *up);
