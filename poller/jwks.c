@@ -17,6 +17,7 @@
 #include "shared/config.h"
 #include "shared/jwt.h"
 #include "shared/log.h"
+#include "shared/url.h"
 #include "shared/xmalloc.h"
 
 #define JWKS_BODY_MAX  (1024 * 1024)
@@ -45,24 +46,24 @@ int
 jwks_split_url(const char *url, char *base, size_t baselen, char *path,
     size_t pathlen)
 {
-	const char *host, *slash;
-	int n;
+	struct url u;
+	size_t origin, tail;
 
-	if (strncasecmp(url, "http://", 7) == 0)
-		host = url + 7;
-	else if (strncasecmp(url, "https://", 8) == 0)
-		host = url + 8;
+	if (url_parse(url, &u) == -1 || u.u_userinfo || u.u_rank >= 0 ||
+	    (!url_scheme_is(&u, "http") && !url_scheme_is(&u, "https")))
+		return -1;
+	origin = url_origin_len(&u, url);
+	tail = strlen(url + origin);
+	if (origin >= baselen || (tail == 0 ? 2 : tail + 1) > pathlen)
+		return -1;
+	/* path may be url's own buffer: base first, then move the tail. */
+	memcpy(base, url, origin);
+	base[origin] = '\0';
+	if (tail == 0)
+		memcpy(path, "/", 2);
 	else
-		return -1;
-	if (*host == '\0' || *host == '/')
-		return -1;
-	slash = strchr(host, '/');
-	n = snprintf(base, baselen, "%.*s",
-	    (int)(slash != NULL ? (size_t)(slash - url) : strlen(url)), url);
-	if (n < 0 || (size_t)n >= baselen)
-		return -1;
-	n = snprintf(path, pathlen, "%s", slash != NULL ? slash : "/");
-	return n < 0 || (size_t)n >= pathlen ? -1 : 0;
+		memmove(path, url + origin, tail + 1);
+	return 0;
 }
 
 /* The discovered jwks_uri obeys the rule config.c applies to the flags. */

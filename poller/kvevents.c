@@ -23,6 +23,7 @@
 
 #include "shared/config.h"
 #include "shared/log.h"
+#include "shared/url.h"
 
 #define KV_DEFAULT_ENDPOINT      "tcp://*:5557"
 #define KV_DRAIN_MAX             256 /* messages per wake-up, then yield */
@@ -493,8 +494,9 @@ int
 kvevents_resolve(const char *endpoint, const char *worker_url, char *out,
     size_t len)
 {
-	const char *hp, *colon, *h, *he;
+	const char *hp, *colon;
 	char host[SHM_URL_MAX];
+	struct url u;
 	size_t hl;
 	int n;
 
@@ -513,23 +515,12 @@ kvevents_resolve(const char *endpoint, const char *worker_url, char *out,
 		n = snprintf(out, len, "%s", endpoint);
 		return n < 0 || (size_t)n >= len ? -1 : 0;
 	}
-	/* The worker's own host: after "scheme://", up to port or path. */
-	if ((h = strstr(worker_url, "://")) == NULL)
+	/* The worker's own host, brackets kept for an IPv6 literal. */
+	if (url_parse(worker_url, &u) == -1)
 		return -1;
-	h += 3;
-	if (*h == '[') {
-		if ((he = strchr(h, ']')) == NULL)
-			return -1;
-		he++;
-	} else
-		for (he = h;
-		     *he != '\0' && *he != ':' && *he != '/' && *he != '@';
-		     he++)
-			;
-	if (he == h || (size_t)(he - h) >= sizeof(host))
+	n = snprintf(host, sizeof(host), u.u_ipv6 ? "[%s]" : "%s", u.u_host);
+	if (n < 0 || (size_t)n >= sizeof(host))
 		return -1;
-	memcpy(host, h, (size_t)(he - h));
-	host[he - h] = '\0';
 	n = snprintf(out, len, "tcp://%s%s", host, colon);
 	return n < 0 || (size_t)n >= len ? -1 : 0;
 }

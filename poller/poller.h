@@ -151,7 +151,8 @@ struct jwks *jwks_new(struct poller *p);
 void jwks_tick(struct jwks *j, uint64_t now_ms);
 void jwks_free(struct jwks *j);
 /*
- * Splits url into base ("scheme://host[:port]") and path ("/..." or "/");
+ * Splits url into base ("scheme://host[:port]") and path ("/..." or "/",
+ * query kept; path may be url itself);
  * -1 when it is not an http(s) URL or does not fit.
  */
 int jwks_split_url(const char *url, char *base, size_t baselen, char *path,

@@ -35,8 +35,9 @@
 
 #include "shared/log.h"
 #include "shared/tls.h"
-#include "shared/xmalloc.h"
 #include "shared/upstream.h"
+#include "shared/url.h"
+#include "shared/xmalloc.h"
 
 #ifndef container_of
 #define container_of(ptr, type, member)                                        \
@@ -188,6 +189,7 @@ struct upstream {
 };
 
 struct up_url {
+	struct url uu_url; /* the fields below point into it */
 	bool uu_tls;
 	const char *uu_host; /* without brackets */
 	size_t uu_host_len;
@@ -199,7 +201,7 @@ struct up_url {
 	size_t uu_prefix_len;
 };
 
-static int url_parse(const char *base_url, struct up_url *u);
+static int up_url_split(const char *base_url, struct up_url *u);
 static bool token_ok(const char *s, size_t len);
 static bool field_ok(const char *s, size_t len);
 static bool path_ok(const char *path);
@@ -369,56 +371,34 @@ up_tls_ctx(struct upstream *up)
 
 /* http://host[:port][/prefix] or https://...; no userinfo, query, fragment. */
 static int
-url_parse(const char *base_url, struct up_url *u)
+up_url_split(const char *base_url, struct up_url *u)
 {
-	struct http_parser_url pu;
-	const char *schema, *auth_end;
-	size_t len, slen, i;
+	struct url *pu = &u->uu_url;
+	size_t i;
 
 	memset(u, 0, sizeof(*u));
-	u->uu_prefix = "";
-	len = strlen(base_url);
-	http_parser_url_init(&pu);
-	if (http_parser_parse_url(base_url, len, 0, &pu) != 0)
+	if (url_parse(base_url, pu) == -1 || pu->u_userinfo ||
+	    pu->u_rank >= 0 || pu->u_query_len > 0 || pu->u_fragment)
 		return -1;
-	if (!(pu.field_set & (1 << UF_SCHEMA)) ||
-	    !(pu.field_set & (1 << UF_HOST)) ||
-	    (pu.field_set &
-	        ((1 << UF_USERINFO) | (1 << UF_QUERY) | (1 << UF_FRAGMENT))))
-		return -1;
-	schema = base_url + pu.field_data[UF_SCHEMA].off;
-	slen = pu.field_data[UF_SCHEMA].len;
-	if (slen == 4 && strncasecmp(schema, "http", 4) == 0)
+	if (url_scheme_is(pu, "http"))
 		u->uu_tls = false;
-	else if (slen == 5 && strncasecmp(schema, "https", 5) == 0)
+	else if (url_scheme_is(pu, "https"))
 		u->uu_tls = true;
 	else
 		return -1;
-	u->uu_host = base_url + pu.field_data[UF_HOST].off;
-	u->uu_host_len = pu.field_data[UF_HOST].len;
-	if (u->uu_host_len == 0 || u->uu_host_len > UPSTREAM_MAX_HOST)
+	if (pu->u_port == 0)
 		return -1;
-	u->uu_v6 = u->uu_host > base_url && u->uu_host[-1] == '[';
-	if (pu.field_set & (1 << UF_PORT)) {
-		if (pu.port == 0)
-			return -1;
-		u->uu_port = pu.port;
-	} else
-		u->uu_port = u->uu_tls ? 443 : 80;
-	/* The authority runs from after "://" to the path. */
-	u->uu_authority = schema + slen + 3;
-	if (pu.field_set & (1 << UF_PATH)) {
-		auth_end = base_url + pu.field_data[UF_PATH].off;
-		u->uu_prefix = auth_end;
-		u->uu_prefix_len = pu.field_data[UF_PATH].len;
-		while (u->uu_prefix_len > 0 &&
-		    u->uu_prefix[u->uu_prefix_len - 1] == '/')
-			u->uu_prefix_len--;
-	} else
-		auth_end = base_url + len;
-	if (auth_end <= u->uu_authority)
-		return -1;
-	u->uu_authority_len = (size_t)(auth_end - u->uu_authority);
+	u->uu_host = pu->u_host;
+	u->uu_host_len = strlen(pu->u_host);
+	u->uu_v6 = pu->u_ipv6;
+	u->uu_port = pu->u_port;
+	u->uu_authority = pu->u_authority;
+	u->uu_authority_len = pu->u_authority_len;
+	u->uu_prefix = pu->u_path;
+	u->uu_prefix_len = pu->u_path_len;
+	while (
+	    u->uu_prefix_len > 0 && u->uu_prefix[u->uu_prefix_len - 1] == '/')
+		u->uu_prefix_len--;
 	for (i = 0; i < u->uu_prefix_len; i++) {
 		if ((unsigned char)u->uu_prefix[i] <= ' ')
 			return -1;
@@ -838,7 +818,7 @@ up_start(struct upstream *up, const char *base_url, const char *method,
 	enum upstream_error err;
 	size_t i;
 
-	if (url_parse(base_url, &u) == -1) {
+	if (up_url_split(base_url, &u) == -1) {
 		log_warnx("%s: bad worker URL \"%s\"", __func__, base_url);
 		return NULL;
 	}
