@@ -21,6 +21,7 @@
 #include "ipc.pb-c.h"
 #include "sglang_scheduler.pb-c.h"
 #include "shared/grpc.h"
+#include "shared/loads.h"
 #include "shared/shm.h"
 #include "shared/upstream.h"
 
@@ -122,7 +123,7 @@ struct grpc_call *rpc_call(struct pworker *pw, enum rpc_method m,
 void rpc_stop(struct pworker *pw);
 /*
  * Maps a GetLoadsResponse (§4.2) into ranks[0..*n) (at most max). Returns
- * LOAD_PARSE_REPORT, LOAD_PARSE_EMPTY (no ranks) or LOAD_PARSE_NOT_LOADS
+ * LOADS_REPORT, LOADS_EMPTY (no ranks) or LOADS_ABSENT
  * (the bytes do not decode).
  */
 int rpc_parse_loads(const uint8_t *buf, size_t len, Smg__RankLoad *ranks,
@@ -228,12 +229,6 @@ struct health_state {
 #define LOAD_TIMEOUT_SECS 5.0
 #define LOAD_MAX_RANKS    256
 
-enum load_parse {
-	LOAD_PARSE_REPORT = 0, /* a load response with >= 1 rank */
-	LOAD_PARSE_EMPTY, /* a load response without ranks: ask next tick */
-	LOAD_PARSE_NOT_LOADS, /* not a load response: the route is absent */
-};
-
 enum load_step {
 	LOAD_IDLE = 0,
 	LOAD_LOADS, /* GET /v1/loads in flight */
@@ -252,14 +247,6 @@ struct load_state {
 	unsigned ls_gauge_ranks; /* ranks with smg_engine_* gauges set */
 };
 
-/*
- * Parses a /v1/loads body (workers.md §2.2): a JSON object with a `loads`
- * array. Fills ranks[0..*n) (at most max; every field optional, missing
- * ones 0, dp_rank defaults to the position) and returns whether it was a
- * report, an empty load response, or not a load response at all.
- */
-enum load_parse load_parse_json(const char *body, size_t len,
-    Smg__RankLoad *ranks, size_t max, size_t *n);
 /*
  * Reads one synthetic rank from Prometheus text (workers.md §3): SGLang
  * names (prefix "sglang:" or "sglang_", whichever has token_usage) or vLLM
