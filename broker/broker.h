@@ -18,6 +18,7 @@
 
 #include "ipc.pb-c.h"
 #include "rate.h"
+#include "shared/policy_info.h"
 #include "shared/shm.h"
 
 #define BROKER_MODEL_UNKNOWN "unknown"
@@ -396,8 +397,7 @@ bool avail_worker(struct broker *br, struct worker *w);
 /* ---------------------------------------------------------- policy.c */
 
 struct policy_ops {
-	const char *po_name;
-	bool po_needs_text;
+	enum policy_kind po_kind; /* name and properties: policy_info_of */
 	const char *po_branch_metric; /* NULL: none */
 	void *(*po_new)(bool builtin_defaults);
 	void (*po_free)(void *state);
@@ -449,8 +449,8 @@ extern const struct policy_ops policy_power_of_two_ops;
 extern const struct policy_ops policy_bucket_ops;
 
 /*
- * Canonical policy name for a user-given one (case-insensitive, aliases of
- * policies.md §13), or NULL when unknown.
+ * Canonical policy name for a user-given one (case- and
+ * underscore-insensitive, policies.md §13), or NULL when unknown.
  */
 const char *policy_canonical(const char *name);
 /* Whether this broker implements the policy. */

@@ -51,14 +51,14 @@ broker_settings_fill(struct broker_settings *bs, const struct config *cf,
 	memset(bs, 0, sizeof(*bs));
 	bs->bs_state_dir = cf->cf_state_dir;
 	bs->bs_run_dir = cf->cf_run_dir;
-	bs->bs_policy = policy_kind_name(cf->cf_policy);
+	bs->bs_policy = policy_info_name(cf->cf_policy);
 	bs->bs_pd = cf->cf_pd_disaggregation || cf->cf_epd_disaggregation;
 	if (bs->bs_pd) {
-		bs->bs_prefill_policy = policy_kind_name(cf->cf_prefill_policy);
-		bs->bs_decode_policy = policy_kind_name(cf->cf_decode_policy);
+		bs->bs_prefill_policy = policy_info_name(cf->cf_prefill_policy);
+		bs->bs_decode_policy = policy_info_name(cf->cf_decode_policy);
 	}
 	if (cf->cf_epd_disaggregation)
-		bs->bs_encode_policy = policy_kind_name(cf->cf_encode_policy);
+		bs->bs_encode_policy = policy_info_name(cf->cf_encode_policy);
 	bs->bs_mode = broker_mode_of_urls(cf);
 	bs->bs_cb_failure_threshold = (uint32_t)cf->cf_cb_failure_threshold;
 	bs->bs_cb_success_threshold = (uint32_t)cf->cf_cb_success_threshold;

@@ -58,8 +58,7 @@ static int pbucket_candidate(void *arg, uint64_t id, const char *url);
 static void pbucket_log_ranges(const struct pb_model *m);
 
 const struct policy_ops policy_bucket_ops = {
-	.po_name = "bucket",
-	.po_needs_text = true,
+	.po_kind = POLICY_BUCKET,
 	.po_create = pbucket_create,
 	.po_free = pbucket_free,
 	.po_select = pbucket_select,

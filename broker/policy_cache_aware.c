@@ -173,8 +173,7 @@ static void ca_gauges(struct cache_aware *ca, struct ca_model *cm);
 static void ca_prune(struct cache_aware *ca);
 
 const struct policy_ops policy_cache_aware_ops = {
-	.po_name = "cache_aware",
-	.po_needs_text = true,
+	.po_kind = POLICY_CACHE_AWARE,
 	.po_branch_metric = "smg_cache_aware_policy_branch_total",
 	.po_create = ca_create,
 	.po_free = ca_free,

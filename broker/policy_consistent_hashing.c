@@ -28,7 +28,7 @@ static int chash_select(struct policy *p, struct worker *const *c, unsigned n,
 static void chash_changed(struct policy *p, struct worker *w);
 
 const struct policy_ops policy_consistent_hashing_ops = {
-	.po_name = "consistent_hashing",
+	.po_kind = POLICY_CONSISTENT_HASHING,
 	.po_create = chash_create,
 	.po_free = chash_free,
 	.po_select = chash_select,

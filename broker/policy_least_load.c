@@ -29,7 +29,7 @@ static int ll_select(struct policy *p, struct worker *const *c, unsigned n,
     const Smg__RouteRequest *req);
 
 const struct policy_ops policy_least_load_ops = {
-	.po_name = "least_load",
+	.po_kind = POLICY_LEAST_LOAD,
 	.po_create = policy_least_load_create,
 	.po_free = policy_least_load_free,
 	.po_select = ll_select,

@@ -41,7 +41,7 @@ static void manual_restore(struct policy *p, const char *key,
     const char *const *urls, unsigned nurls, uint64_t last_ms);
 
 const struct policy_ops policy_manual_ops = {
-	.po_name = "manual",
+	.po_kind = POLICY_MANUAL,
 	.po_create = manual_create,
 	.po_free = manual_free,
 	.po_select = manual_select,

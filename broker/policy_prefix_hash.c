@@ -31,7 +31,7 @@ static int phash_select(struct policy *p, struct worker *const *c, unsigned n,
 static void phash_changed(struct policy *p, struct worker *w);
 
 const struct policy_ops policy_prefix_hash_ops = {
-	.po_name = "prefix_hash",
+	.po_kind = POLICY_PREFIX_HASH,
 	.po_create = phash_create,
 	.po_free = phash_free,
 	.po_select = phash_select,

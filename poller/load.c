@@ -39,7 +39,6 @@ static void load_gauges(struct pworker *pw, const Smg__RankLoad *ranks,
     size_t n);
 static void load_gauge_set(struct pworker *, const char *, int32_t, double,
     bool);
-static bool load_policy_consumes(enum policy_kind k);
 static bool load_grpc_fetch(struct pworker *pw);
 static void load_grpc_msg_cb(void *arg, const uint8_t *msg, size_t len);
 static void load_grpc_close_cb(void *arg, const struct grpc_status *st);
@@ -67,13 +66,6 @@ load_parse_prom(const char *body, size_t len, const char *runtime,
 
 /* ----------------------------------------------------------- schedule */
 
-static bool
-load_policy_consumes(enum policy_kind k)
-{
-	return k == POLICY_LEAST_LOAD || k == POLICY_POWER_OF_TWO ||
-	    k == POLICY_CACHE_AWARE;
-}
-
 bool
 load_wanted(const struct config *cf)
 {
@@ -81,11 +73,11 @@ load_wanted(const struct config *cf)
 
 	if (!cf->cf_disable_load_monitoring)
 		return true;
-	if (load_policy_consumes(cf->cf_policy))
+	if (policy_info_of(cf->cf_policy)->pi_load_aware)
 		return true;
 	if (pd &&
-	    (load_policy_consumes(cf->cf_prefill_policy) ||
-	        load_policy_consumes(cf->cf_decode_policy)))
+	    (policy_info_of(cf->cf_prefill_policy)->pi_load_aware ||
+	        policy_info_of(cf->cf_decode_policy)->pi_load_aware))
 		return true;
 	return cf->cf_dp_minimum_tokens_scheduler || cf->cf_engine_metrics ||
 	    cf->cf_worker_overload_protection ||
