@@ -155,7 +155,7 @@ policy_decide_model(struct broker *br, struct model_entry *me,
 		    __func__, me->me_name, lab->valuestring);
 		return;
 	}
-	def = policy_canonical(br->br_set->bs_policy);
+	def = policy_canonical(policy_info_name(br->br_cf->cf_policy));
 	/* Same type as --policy: CLI tunables; another: built-in ones. */
 	me->me_policy =
 	    policy_new(canon, def == NULL || strcmp(def, canon) != 0);
