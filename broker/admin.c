@@ -438,15 +438,15 @@ admin_spec_from_proto(const Smg__WorkerSpec *p, struct worker_spec *ws,
 static int
 admin_url_allowed(struct broker *br, const char *url, Smg__AdminReply *r)
 {
-	const struct broker_settings *bs = br->br_set;
+	const struct config *cf = br->br_cf;
 	struct urlallow_rule rule;
 	char err[SHM_URL_MAX + 128];
 
 	memset(&rule, 0, sizeof(rule));
-	rule.ur_self_host = bs->bs_self_host;
-	rule.ur_self_port = bs->bs_self_port;
-	rule.ur_cidrs = bs->bs_allow;
-	rule.ur_ncidrs = bs->bs_nallow;
+	rule.ur_self_host = cf->cf_host;
+	rule.ur_self_port = cf->cf_port;
+	rule.ur_cidrs = br->br_allow;
+	rule.ur_ncidrs = br->br_nallow;
 	switch (urlallow_check(&rule, url, err, sizeof(err))) {
 	case URLALLOW_OK:
 		return 0;

@@ -44,13 +44,13 @@ breaker_classify(uint32_t http_status, bool transport_error)
 }
 
 void
-breaker_conf_init(struct breaker_conf *bc, const struct broker_settings *bs)
+breaker_conf_init(struct breaker_conf *bc, const struct config *cf)
 {
-	bc->bc_failure_threshold = bs->bs_disable_circuit_breaker
+	bc->bc_failure_threshold = cf->cf_disable_circuit_breaker
 	    ? UINT32_MAX
-	    : bs->bs_cb_failure_threshold;
-	bc->bc_success_threshold = bs->bs_cb_success_threshold;
-	bc->bc_timeout_ms = (uint64_t)bs->bs_cb_timeout_secs * 1000;
+	    : (uint32_t)cf->cf_cb_failure_threshold;
+	bc->bc_success_threshold = (uint32_t)cf->cf_cb_success_threshold;
+	bc->bc_timeout_ms = (uint64_t)cf->cf_cb_timeout_duration_secs * 1000;
 	if (bc->bc_failure_threshold == 0)
 		bc->bc_failure_threshold = 1;
 	if (bc->bc_success_threshold == 0)

@@ -142,18 +142,19 @@ test_half_open_failure_reopens(void **state)
 static void
 test_disabled_never_opens(void **state)
 {
-	struct broker_settings bs = { 0 };
+	struct config cf;
 	struct breaker_conf bc;
 	struct breaker b;
 	enum shm_breaker_state from;
 	int i;
 
 	(void)state;
-	bs.bs_cb_failure_threshold = 1;
-	bs.bs_cb_success_threshold = 1;
-	bs.bs_cb_timeout_secs = 1;
-	bs.bs_disable_circuit_breaker = true;
-	breaker_conf_init(&bc, &bs);
+	memset(&cf, 0, sizeof(cf));
+	cf.cf_cb_failure_threshold = 1;
+	cf.cf_cb_success_threshold = 1;
+	cf.cf_cb_timeout_duration_secs = 1;
+	cf.cf_disable_circuit_breaker = true;
+	breaker_conf_init(&bc, &cf);
 	breaker_init(&b);
 	for (i = 0; i < 10000; i++)
 		breaker_step(&b, &bc, BREAKER_FAILURE, 0, &from);

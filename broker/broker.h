@@ -18,6 +18,8 @@
 
 #include "ipc.pb-c.h"
 #include "rate.h"
+#include "shared/config.h"
+#include "shared/policy_info.h"
 #include "shared/shm.h"
 
 #define BROKER_MODEL_UNKNOWN "unknown"
@@ -30,83 +32,7 @@ struct broker;
 struct worker;
 struct policy;
 struct store;
-
-/*
- * What the broker needs of the command line, filled once by main.c from
- * struct config (tests fill it by hand). Strings are borrowed and must
- * outlive the broker.
- */
-struct broker_startup_worker {
-	const char *sw_url;
-	int sw_type; /* Smg__WorkerType */
-	int32_t sw_bootstrap_port; /* -1 none */
-};
-
-struct broker_settings {
-	const char *bs_state_dir;
-	const char *bs_run_dir;
-	const char *bs_policy; /* policy name for the default instance */
-	const char *bs_prefill_policy; /* PD leg policies; NULL = bs_policy */
-	const char *bs_decode_policy;
-	const char *bs_encode_policy;
-	bool bs_pd;
-	int bs_mode; /* router connection mode */
-	uint32_t bs_cb_failure_threshold;
-	uint32_t bs_cb_success_threshold;
-	uint32_t bs_cb_timeout_secs;
-	bool bs_disable_circuit_breaker;
-	uint32_t bs_health_failure_threshold;
-	uint32_t bs_health_success_threshold;
-	bool bs_disable_health_check;
-	bool bs_remove_unhealthy;
-	double bs_drain_settle_secs;
-	uint32_t bs_load_monitor_interval;
-	int64_t bs_overload_waiting; /* 0: unset */
-	double bs_overload_token_usage; /* 0: unset */
-	const char *bs_api_key; /* NULL none */
-	/* The worker API's URL rule (shared/urlallow.h). */
-	const char *bs_self_host; /* --host */
-	long bs_self_port; /* --port; 0 (tests): no self check */
-	const struct urlallow_cidr *bs_allow; /* --worker-allow-cidr */
-	size_t bs_nallow;
-	const struct broker_startup_worker *bs_workers;
-	size_t bs_nworkers;
-	/*
-	 * Tunables of cache_aware, prefix_hash, manual and the sticky overlay
-	 * (policies.md §6-§8, §11). Valid only with bs_policy_flags; when it
-	 * is false (tests) every policy uses the CLI defaults of the spec.
-	 */
-	bool bs_policy_flags;
-	double bs_cache_threshold;
-	uint32_t bs_balance_abs_threshold;
-	double bs_balance_rel_threshold;
-	double bs_balance_token_usage_threshold;
-	double bs_overload_token_usage_threshold;
-	double bs_overlap_decay;
-	double bs_selection_temperature;
-	uint32_t bs_eviction_interval; /* seconds */
-	uint64_t bs_max_tree_size;
-	uint32_t bs_block_size;
-	const uint32_t *bs_cache_boundaries; /* ascending, > 0 */
-	size_t bs_cache_boundaries_n;
-	bool bs_cache_index_hash; /* --cache-index hash */
-	uint32_t bs_cache_ttl_secs;
-	uint32_t bs_max_idle_secs;
-	int bs_assignment_mode; /* enum assignment_mode */
-	bool bs_assignment_mode_set;
-	uint32_t bs_prefix_token_count;
-	double bs_prefix_hash_load_factor;
-	uint32_t bs_prefix_hash_abs_threshold;
-	bool bs_routing_key_override;
-	/*
-	 * least_load's flags (policies.md §2). bs_ll_default_throughput 0
-	 * means not filled (tests): least_load then uses built-in defaults.
-	 */
-	double bs_ll_kv_pressure_weight;
-	double bs_ll_default_throughput;
-	uint32_t bs_ll_mean_prefill_tokens;
-	uint32_t bs_ll_max_waiting_requests;
-};
+struct urlallow_cidr;
 
 /* ---------------------------------------------------------- stats.c */
 
@@ -152,8 +78,7 @@ struct breaker {
  * errors failures, everything else a success. */
 enum breaker_outcome breaker_classify(uint32_t http_status,
     bool transport_error);
-void breaker_conf_init(struct breaker_conf *bc,
-    const struct broker_settings *bs);
+void breaker_conf_init(struct breaker_conf *bc, const struct config *cf);
 void breaker_init(struct breaker *b);
 /*
  * The pure state machine. breaker_step applies one outcome; breaker_poll
@@ -396,8 +321,7 @@ bool avail_worker(struct broker *br, struct worker *w);
 /* ---------------------------------------------------------- policy.c */
 
 struct policy_ops {
-	const char *po_name;
-	bool po_needs_text;
+	enum policy_kind po_kind; /* name and properties: policy_info_of */
 	const char *po_branch_metric; /* NULL: none */
 	void *(*po_new)(bool builtin_defaults);
 	void (*po_free)(void *state);
@@ -449,8 +373,8 @@ extern const struct policy_ops policy_power_of_two_ops;
 extern const struct policy_ops policy_bucket_ops;
 
 /*
- * Canonical policy name for a user-given one (case-insensitive, aliases of
- * policies.md §13), or NULL when unknown.
+ * Canonical policy name for a user-given one (case- and
+ * underscore-insensitive, policies.md §13), or NULL when unknown.
  */
 const char *policy_canonical(const char *name);
 /* Whether this broker implements the policy. */
@@ -904,7 +828,11 @@ void reports_eval_overload(struct broker *br, struct worker *w);
 
 struct broker {
 	struct ev_loop *br_loop;
-	const struct broker_settings *br_set;
+	/* The command line, read where it is used; borrowed, read-only. */
+	const struct config *br_cf;
+	int br_mode; /* connection mode of the startup workers' URLs */
+	struct urlallow_cidr *br_allow; /* --worker-allow-cidr, parsed */
+	size_t br_nallow;
 	struct breaker_conf br_cbconf;
 	struct shm *br_shm;
 	int br_row;
@@ -951,13 +879,14 @@ struct broker {
 };
 
 /*
- * Builds the broker on loop: opens the shm segment and the store,
- * registers the startup and stored workers, builds the policies. With
+ * Builds the broker on loop from cf (borrowed: it must outlive the broker):
+ * opens the shm segment and the store, registers the startup workers of
+ * cf and the stored ones, builds the policies. With
  * `serve`, also listens on the two ipc sockets and starts the tick, the
  * store flush watcher and the signal watchers. NULL (logged) on failure.
  */
-struct broker *server_new(struct ev_loop *loop,
-    const struct broker_settings *bs, bool serve);
+struct broker *server_new(struct ev_loop *loop, const struct config *cf,
+    bool serve);
 /* Flushes the store and frees everything; server_free(NULL) no-op. */
 void server_free(struct broker *br);
 /*

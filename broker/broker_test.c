@@ -52,12 +52,12 @@ fx_setup(void **state)
 
 	if (f == NULL)
 		return -1;
-	f->fx_bs.bs_cb_failure_threshold = 2;
-	f->fx_bs.bs_health_failure_threshold = 2;
-	f->fx_bs.bs_health_success_threshold = 2;
-	f->fx_bs.bs_drain_settle_secs = 0;
-	f->fx_bs.bs_load_monitor_interval = 7;
-	f->fx_sw[0].sw_url = "http://a:1/";
+	f->fx_cf.cf_cb_failure_threshold = 2;
+	f->fx_cf.cf_health_failure_threshold = 2;
+	f->fx_cf.cf_health_success_threshold = 2;
+	f->fx_cf.cf_drain_settle_secs = 0;
+	f->fx_cf.cf_load_monitor_interval = 7;
+	f->fx_urls[0] = "http://a:1/";
 	*state = f;
 	return 0;
 }
@@ -329,7 +329,7 @@ test_route_errors(void **state)
 	struct btu_fx *f = *state;
 	struct dec d;
 
-	f->fx_bs.bs_nworkers = 0;
+	f->fx_cf.cf_worker_urls_n = 0;
 	btu_fx_start(f);
 	/* No worker at all serves the model. */
 	fx_route(f, "llama", &d);
@@ -339,8 +339,8 @@ test_route_errors(void **state)
 	assert_string_equal(d.msg, "No worker available for model 'llama'");
 	server_free(f->fx_br);
 	/* Workers exist but none is available (Pending). */
-	f->fx_bs.bs_nworkers = 2;
-	f->fx_bs.bs_disable_health_check = false;
+	f->fx_cf.cf_worker_urls_n = 2;
+	f->fx_cf.cf_disable_health_check = false;
 	btu_fx_start(f);
 	fx_route(f, "llama", &d);
 	assert_false(d.ok);
@@ -363,7 +363,8 @@ test_candidate_filter(void **state)
 	bool over;
 	unsigned n;
 
-	f->fx_bs.bs_overload_waiting = 4;
+	f->fx_cf.cf_worker_overload_waiting_requests = 4;
+	f->fx_cf.cf_worker_overload_waiting_requests_set = true;
 	btu_fx_start(f);
 	a = fx_worker(f, "http://a:1");
 	b = fx_worker(f, "http://b:2");
@@ -446,7 +447,8 @@ test_exclude_and_overload_shed(void **state)
 	uint32_t ex[2];
 	int i;
 
-	f->fx_bs.bs_overload_waiting = 10;
+	f->fx_cf.cf_worker_overload_waiting_requests = 10;
+	f->fx_cf.cf_worker_overload_waiting_requests_set = true;
 	btu_fx_start(f);
 	ex[0] = fx_worker(f, "http://a:1")->wk_slot;
 	for (i = 0; i < 6; i++) {
@@ -488,7 +490,7 @@ test_policy_label(void **state)
 	struct dec d;
 	cJSON *body;
 
-	f->fx_bs.bs_nworkers = 0;
+	f->fx_cf.cf_worker_urls_n = 0;
 	btu_fx_start(f);
 	assert_int_equal(fx_add(f,
 	                     "{\"url\":\"http://x1:1\",\"models\":[{\"id\":"
@@ -543,7 +545,7 @@ test_admin_shapes(void **state)
 	char loc[128], id[64], path[96];
 	int i;
 
-	f->fx_bs.bs_disable_health_check = false;
+	f->fx_cf.cf_disable_health_check = false;
 	btu_fx_start(f);
 	fx_discovery(f, fx_worker(f, "http://a:1"), true, "");
 	assert_int_equal(fx_add(f,
@@ -765,7 +767,7 @@ test_reports_lifecycle(void **state)
 	struct dec d;
 	int i;
 
-	f->fx_bs.bs_disable_health_check = false;
+	f->fx_cf.cf_disable_health_check = false;
 	btu_fx_start(f);
 	a = fx_worker(f, "http://a:1");
 	b = fx_worker(f, "http://b:2");
@@ -1096,7 +1098,7 @@ test_restart_keeps_workers(void **state)
 	char id_a[SHM_ID_MAX], id_n[SHM_ID_MAX];
 	cJSON *body;
 
-	f->fx_bs.bs_disable_health_check = false;
+	f->fx_cf.cf_disable_health_check = false;
 	btu_fx_start(f);
 	a = fx_worker(f, "http://a:1");
 	fx_discovery(f, a, true, "ma");
@@ -1122,7 +1124,7 @@ test_restart_keeps_workers(void **state)
 	server_free(f->fx_br);
 	f->fx_br = NULL;
 	/* The command line loses c; the API worker comes back. */
-	f->fx_bs.bs_nworkers = 2;
+	f->fx_cf.cf_worker_urls_n = 2;
 	btu_fx_start(f);
 	assert_int_equal(f->fx_br->br_nworkers, 3);
 	assert_null(registry_find(f->fx_br, "http://c:3"));

@@ -1,6 +1,7 @@
 /*
  * broker_testutil.c: the fixture the broker's unit tests share (temp
- * dirs, broker settings, a broker without sockets and its teardown).
+ * dirs, the command line's struct config, a broker without sockets and
+ * its teardown).
  */
 #define _XOPEN_SOURCE 700
 #include <ftw.h>
@@ -52,7 +53,9 @@ btu_dir_remove(const char *dir, const char *run)
 struct btu_fx *
 btu_fx_new(const char *tag, const char *policy)
 {
+	static char *argv[] = { "broker_test", NULL };
 	struct btu_fx *f = calloc(1, sizeof(*f));
+	char err[256];
 
 	if (f == NULL)
 		return NULL;
@@ -60,17 +63,29 @@ btu_fx_new(const char *tag, const char *policy)
 		free(f);
 		return NULL;
 	}
-	f->fx_bs.bs_state_dir = f->fx_state;
-	f->fx_bs.bs_run_dir = f->fx_run;
-	f->fx_bs.bs_policy = policy;
-	f->fx_bs.bs_cb_success_threshold = 1;
-	f->fx_bs.bs_cb_timeout_secs = 60;
-	f->fx_bs.bs_disable_health_check = true; /* workers start Ready */
-	f->fx_sw[0] = (struct broker_startup_worker) { "http://a:1", 0, -1 };
-	f->fx_sw[1] = (struct broker_startup_worker) { "http://b:2", 0, -1 };
-	f->fx_sw[2] = (struct broker_startup_worker) { "http://c:3", 0, -1 };
-	f->fx_bs.bs_workers = f->fx_sw;
-	f->fx_bs.bs_nworkers = 3;
+	/* The command line's defaults, then what the tests change. */
+	if (config_parse(&f->fx_cf_parsed, 1, argv, err, sizeof(err)) !=
+	    CONFIG_OK)
+		fail_msg("config_parse: %s", err);
+	f->fx_cf = f->fx_cf_parsed;
+	f->fx_cf.cf_state_dir = f->fx_state;
+	f->fx_cf.cf_run_dir = f->fx_run;
+	if (policy_info_parse(policy, &f->fx_cf.cf_policy) == -1)
+		fail_msg("unknown policy %s", policy);
+	f->fx_cf.cf_cb_failure_threshold = 0;
+	f->fx_cf.cf_cb_success_threshold = 1;
+	f->fx_cf.cf_cb_timeout_duration_secs = 60;
+	f->fx_cf.cf_health_failure_threshold = 0;
+	f->fx_cf.cf_health_success_threshold = 0;
+	f->fx_cf.cf_disable_health_check = true; /* workers start Ready */
+	f->fx_cf.cf_drain_settle_secs = 0;
+	f->fx_cf.cf_load_monitor_interval = 0;
+	f->fx_cf.cf_port = 0; /* no self check of worker URLs */
+	f->fx_urls[0] = "http://a:1";
+	f->fx_urls[1] = "http://b:2";
+	f->fx_urls[2] = "http://c:3";
+	f->fx_cf.cf_worker_urls = f->fx_urls;
+	f->fx_cf.cf_worker_urls_n = 3;
 	f->fx_loop = ev_default_loop(0);
 	return f;
 }
@@ -81,22 +96,21 @@ btu_fx_flags_new(const char *tag, const char *policy)
 	struct btu_fx *f = btu_fx_new(tag, policy);
 
 	assert_non_null(f);
-	f->fx_bs.bs_cb_failure_threshold = 5;
-	f->fx_bs.bs_load_monitor_interval = 0; /* reports never age */
-	f->fx_bs.bs_policy_flags = true;
-	f->fx_bs.bs_cache_threshold = 0.5;
-	f->fx_bs.bs_balance_abs_threshold = 2;
-	f->fx_bs.bs_balance_rel_threshold = 1.5;
-	f->fx_bs.bs_balance_token_usage_threshold = 1.0;
-	f->fx_bs.bs_overload_token_usage_threshold = 1.0;
-	f->fx_bs.bs_eviction_interval = 1;
-	f->fx_bs.bs_max_tree_size = 1000;
-	f->fx_bs.bs_block_size = 4;
-	f->fx_bs.bs_cache_ttl_secs = 180;
-	f->fx_bs.bs_max_idle_secs = 3600;
-	f->fx_bs.bs_prefix_token_count = 256;
-	f->fx_bs.bs_prefix_hash_load_factor = 1.25;
-	f->fx_bs.bs_prefix_hash_abs_threshold = 10;
+	f->fx_cf.cf_cb_failure_threshold = 5;
+	f->fx_cf.cf_load_monitor_interval = 0; /* reports never age */
+	f->fx_cf.cf_cache_threshold = 0.5;
+	f->fx_cf.cf_balance_abs_threshold = 2;
+	f->fx_cf.cf_balance_rel_threshold = 1.5;
+	f->fx_cf.cf_balance_token_usage_threshold = 1.0;
+	f->fx_cf.cf_overload_token_usage_threshold = 1.0;
+	f->fx_cf.cf_eviction_interval = 1;
+	f->fx_cf.cf_max_tree_size = 1000;
+	f->fx_cf.cf_block_size = 4;
+	f->fx_cf.cf_cache_ttl_secs = 180;
+	f->fx_cf.cf_max_idle_secs = 3600;
+	f->fx_cf.cf_prefix_token_count = 256;
+	f->fx_cf.cf_prefix_hash_load_factor = 1.25;
+	f->fx_cf.cf_prefix_hash_balance_abs_threshold = 10;
 	f->fx_bounds[0] = 4;
 	f->fx_bounds[1] = 8;
 	return f;
@@ -105,7 +119,7 @@ btu_fx_flags_new(const char *tag, const char *policy)
 struct broker *
 btu_fx_start(struct btu_fx *f)
 {
-	f->fx_br = server_new(f->fx_loop, &f->fx_bs, false);
+	f->fx_br = server_new(f->fx_loop, &f->fx_cf, false);
 	assert_non_null(f->fx_br);
 	return f->fx_br;
 }
@@ -126,6 +140,7 @@ btu_fx_free(struct btu_fx *f)
 {
 	server_free(f->fx_br);
 	btu_dir_remove(f->fx_dir, f->fx_run);
+	config_free(&f->fx_cf_parsed);
 	free(f);
 }
 

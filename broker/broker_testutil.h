@@ -17,8 +17,9 @@ struct btu_fx {
 	char fx_dir[BTU_DIR_SIZE];
 	char fx_run[BTU_PATH_SIZE];
 	char fx_state[BTU_PATH_SIZE];
-	struct broker_settings fx_bs;
-	struct broker_startup_worker fx_sw[4];
+	struct config fx_cf; /* what server_new reads; tests change it */
+	struct config fx_cf_parsed; /* as parsed: what config_free frees */
+	char *fx_urls[4]; /* --worker-urls of fx_cf */
 	uint32_t fx_bounds[2];
 	struct ev_loop *fx_loop;
 	struct broker *fx_br;
@@ -34,9 +35,11 @@ int btu_dir_make(char *dir, char *run, char *state, const char *tag);
 void btu_dir_remove(const char *dir, const char *run);
 
 /*
- * A fixture in a fresh temp dir: policy, workers http://a:1, http://b:2,
- * http://c:3 (bs_nworkers 3), breaker success threshold 1 and timeout 60s,
- * health checks off, the default loop. No broker yet. NULL on failure.
+ * A fixture in a fresh temp dir: the command line's defaults with policy,
+ * workers http://a:1, http://b:2, http://c:3 (cf_worker_urls_n 3),
+ * breaker success threshold 1 and timeout 60s, health and breaker failure
+ * thresholds 0, health checks off, reports that never age, no drain
+ * delay, the default loop. No broker yet. NULL on failure.
  */
 struct btu_fx *btu_fx_new(const char *tag, const char *policy);
 /*
@@ -44,7 +47,7 @@ struct btu_fx *btu_fx_new(const char *tag, const char *policy);
  * 5, reports that never age and the policy flags at fixed values.
  */
 struct btu_fx *btu_fx_flags_new(const char *tag, const char *policy);
-/* server_new on the settings; asserts it succeeds. */
+/* server_new on fx_cf; asserts it succeeds. */
 struct broker *btu_fx_start(struct btu_fx *f);
 /* btu_fx_start, asserts three workers and records them in fx_c. */
 void btu_fx_start_order(struct btu_fx *f);

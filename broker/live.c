@@ -102,7 +102,7 @@ live_tick(struct broker *br)
 		/* What the frontends expect of it (non-streamed prefill). */
 		r = live_rate(w);
 		if (r <= 0)
-			r = br->br_set->bs_ll_default_throughput;
+			r = br->br_cf->cf_least_load_default_throughput;
 		shm_prefill_rate_set(br->br_shm, w->wk_slot,
 		    r > 0 ? (uint32_t)(r < 4e9 ? r + 0.5 : 4e9) : 0);
 		stats_set(br, w->wk_m_rate,

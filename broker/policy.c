@@ -1,13 +1,11 @@
 /*
- * policy.c: the policy vtable, policy names and aliases, per-model
+ * policy.c: the policy vtable, names (shared/policy_info.h), per-model
  * instances (policies.md §13), and the PRNG the policies share.
  */
 #include <sys/random.h>
 
-#include <ctype.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -15,24 +13,6 @@
 #include "shared/xmalloc.h"
 
 #include "broker.h"
-
-struct policy_alias {
-	const char *pa_name; /* user spelling, underscores removed */
-	const char *pa_canonical;
-};
-
-static const struct policy_alias policy_aliases[] = {
-	{ "roundrobin", "round_robin" },
-	{ "poweroftwo", "power_of_two" },
-	{ "leastload", "least_load" },
-	{ "cacheaware", "cache_aware" },
-	{ "consistenthashing", "consistent_hashing" },
-	{ "prefixhash", "prefix_hash" },
-	{ "random", "random" },
-	{ "passthrough", "passthrough" },
-	{ "bucket", "bucket" },
-	{ "manual", "manual" },
-};
 
 static const struct policy_ops *const policy_table[] = {
 	&policy_random_ops,
@@ -61,25 +41,11 @@ static void policy_sweep_one(void *arg, struct policy *p);
 const char *
 policy_canonical(const char *name)
 {
-	char flat[64];
-	size_t i, j;
+	enum policy_kind k;
 
-	if (name == NULL)
+	if (name == NULL || policy_info_parse(name, &k) == -1)
 		return NULL;
-	for (i = 0, j = 0; name[i] != '\0' && j + 1 < sizeof(flat); i++) {
-		if (name[i] == '_' || name[i] == '-')
-			continue;
-		flat[j++] = (char)tolower((unsigned char)name[i]);
-	}
-	if (name[i] != '\0')
-		return NULL;
-	flat[j] = '\0';
-	for (i = 0; i < sizeof(policy_aliases) / sizeof(policy_aliases[0]);
-	     i++) {
-		if (strcmp(flat, policy_aliases[i].pa_name) == 0)
-			return policy_aliases[i].pa_canonical;
-	}
-	return NULL;
+	return policy_info_name(k);
 }
 
 static const struct policy_ops *
@@ -87,8 +53,12 @@ policy_ops_find(const char *canonical)
 {
 	size_t i;
 
+	enum policy_kind k;
+
+	if (policy_info_parse(canonical, &k) == -1)
+		return NULL;
 	for (i = 0; i < sizeof(policy_table) / sizeof(policy_table[0]); i++) {
-		if (strcmp(policy_table[i]->po_name, canonical) == 0)
+		if (policy_table[i]->po_kind == k)
 			return policy_table[i];
 	}
 	return NULL;
@@ -140,7 +110,7 @@ policy_free(struct policy *p)
 const char *
 policy_name(const struct policy *p)
 {
-	return p->pl_ops->po_name;
+	return policy_info_name(p->pl_ops->po_kind);
 }
 
 int
@@ -185,7 +155,7 @@ policy_decide_model(struct broker *br, struct model_entry *me,
 		    __func__, me->me_name, lab->valuestring);
 		return;
 	}
-	def = policy_canonical(br->br_set->bs_policy);
+	def = policy_canonical(policy_info_name(br->br_cf->cf_policy));
 	/* Same type as --policy: CLI tunables; another: built-in ones. */
 	me->me_policy =
 	    policy_new(canon, def == NULL || strcmp(def, canon) != 0);

@@ -58,8 +58,7 @@ static int pbucket_candidate(void *arg, uint64_t id, const char *url);
 static void pbucket_log_ranges(const struct pb_model *m);
 
 const struct policy_ops policy_bucket_ops = {
-	.po_name = "bucket",
-	.po_needs_text = true,
+	.po_kind = POLICY_BUCKET,
 	.po_create = pbucket_create,
 	.po_free = pbucket_free,
 	.po_select = pbucket_select,
@@ -71,8 +70,7 @@ const struct policy_ops policy_bucket_ops = {
 static void *
 pbucket_create(struct policy *p)
 {
-	const struct broker_settings *bs =
-	    p->pl_br != NULL ? p->pl_br->br_set : NULL;
+	const struct config *cf = p->pl_br != NULL ? p->pl_br->br_cf : NULL;
 	struct pbucket *pb = xcalloc(1, sizeof(*pb));
 
 	bucket_conf_default(&pb->pb_conf);
@@ -80,17 +78,18 @@ pbucket_create(struct policy *p)
 	if (!p->pl_builtin) {
 		pb->pb_conf.bc_abs_threshold = 64;
 		pb->pb_conf.bc_rel_threshold = 1.5;
-		if (bs != NULL && bs->bs_policy_flags) {
+		if (cf != NULL) {
 			pb->pb_conf.bc_abs_threshold =
-			    bs->bs_balance_abs_threshold;
+			    cf->cf_balance_abs_threshold;
 			pb->pb_conf.bc_rel_threshold =
-			    bs->bs_balance_rel_threshold;
+			    cf->cf_balance_rel_threshold;
 		}
 	}
-	pb->pb_member_type = bs != NULL && bs->bs_pd
+	pb->pb_member_type = cf != NULL &&
+	        (cf->cf_pd_disaggregation || cf->cf_epd_disaggregation)
 	    ? SMG__WORKER_TYPE__WORKER_TYPE_PREFILL
 	    : SMG__WORKER_TYPE__WORKER_TYPE_REGULAR;
-	pb->pb_mode = bs != NULL ? bs->bs_mode : -1;
+	pb->pb_mode = cf != NULL ? p->pl_br->br_mode : -1;
 	return pb;
 }
 

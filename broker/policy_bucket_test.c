@@ -130,7 +130,6 @@ static void
 test_needs_text(void **state)
 {
 	(void)state;
-	assert_true(policy_bucket_ops.po_needs_text);
 	assert_true(policy_implemented("bucket"));
 	assert_null(policy_bucket_state(NULL, "m"));
 }

@@ -173,8 +173,7 @@ static void ca_gauges(struct cache_aware *ca, struct ca_model *cm);
 static void ca_prune(struct cache_aware *ca);
 
 const struct policy_ops policy_cache_aware_ops = {
-	.po_name = "cache_aware",
-	.po_needs_text = true,
+	.po_kind = POLICY_CACHE_AWARE,
 	.po_branch_metric = "smg_cache_aware_policy_branch_total",
 	.po_create = ca_create,
 	.po_free = ca_free,
@@ -193,7 +192,7 @@ static void *
 ca_create(struct policy *p)
 {
 	struct broker *br = p->pl_br;
-	const struct broker_settings *bs = br != NULL ? br->br_set : NULL;
+	const struct config *cf = br != NULL ? br->br_cf : NULL;
 	struct cache_aware *ca = xcalloc(1, sizeof(*ca));
 	unsigned i;
 
@@ -208,7 +207,7 @@ ca_create(struct policy *p)
 	ca->ca_bal_tu = 1.0;
 	ca->ca_over_tu = 1.0;
 	ca->ca_ttl_ms = 180 * 1000;
-	if (bs == NULL || !bs->bs_policy_flags) {
+	if (cf == NULL) {
 		if (!p->pl_builtin) {
 			/* The CLI defaults of policies.md §11.1. */
 			ca->ca_threshold = 0.3;
@@ -219,39 +218,40 @@ ca_create(struct policy *p)
 		}
 	} else {
 		if (!p->pl_builtin) {
-			ca->ca_threshold = bs->bs_cache_threshold;
-			ca->ca_abs = (double)bs->bs_balance_abs_threshold;
-			ca->ca_rel = bs->bs_balance_rel_threshold;
+			ca->ca_threshold = cf->cf_cache_threshold;
+			ca->ca_abs = (double)cf->cf_balance_abs_threshold;
+			ca->ca_rel = cf->cf_balance_rel_threshold;
 			ca->ca_every_ms =
-			    (uint64_t)bs->bs_eviction_interval * 1000;
-			ca->ca_max_size = bs->bs_max_tree_size;
-			if (bs->bs_cache_boundaries_n > 0) {
-				ca->ca_nbounds = bs->bs_cache_boundaries_n;
+			    (uint64_t)cf->cf_eviction_interval * 1000;
+			ca->ca_max_size = cf->cf_max_tree_size;
+			if (cf->cf_cache_boundaries_n > 0) {
+				ca->ca_nbounds = cf->cf_cache_boundaries_n;
 				ca->ca_bounds = xcalloc(ca->ca_nbounds,
 				    sizeof(*ca->ca_bounds));
-				memcpy(ca->ca_bounds, bs->bs_cache_boundaries,
+				memcpy(ca->ca_bounds, cf->cf_cache_boundaries,
 				    ca->ca_nbounds * sizeof(*ca->ca_bounds));
 			}
 			ca->ca_hash =
-			    bs->bs_cache_index_hash && ca->ca_nbounds > 0;
+			    (cf->cf_cache_index == CACHE_INDEX_HASH) &&
+			    ca->ca_nbounds > 0;
 		}
 		/* §13: these come from the flags for every instance. */
-		if (bs->bs_block_size > 0)
-			ca->ca_bs = bs->bs_block_size;
-		ca->ca_bal_tu = bs->bs_balance_token_usage_threshold;
-		ca->ca_over_tu = bs->bs_overload_token_usage_threshold;
-		ca->ca_decay = bs->bs_overlap_decay;
-		ca->ca_temp = bs->bs_selection_temperature;
-		if (bs->bs_cache_ttl_secs > 0)
-			ca->ca_ttl_ms = (uint64_t)bs->bs_cache_ttl_secs * 1000;
+		if (cf->cf_block_size > 0)
+			ca->ca_bs = cf->cf_block_size;
+		ca->ca_bal_tu = cf->cf_balance_token_usage_threshold;
+		ca->ca_over_tu = cf->cf_overload_token_usage_threshold;
+		ca->ca_decay = cf->cf_overlap_decay;
+		ca->ca_temp = cf->cf_selection_temperature;
+		if (cf->cf_cache_ttl_secs > 0)
+			ca->ca_ttl_ms = (uint64_t)cf->cf_cache_ttl_secs * 1000;
 	}
 	if (ca->ca_max_size == 0)
 		ca->ca_max_size = 10000;
 	if (ca->ca_rel < 1.0)
 		ca->ca_rel = 1.0;
-	if (bs != NULL)
+	if (cf != NULL)
 		ca->ca_interval_ms =
-		    (uint64_t)bs->bs_load_monitor_interval * 1000;
+		    (uint64_t)cf->cf_load_monitor_interval * 1000;
 	ca->ca_scorer = scorer_new(NULL, policy_rand_below);
 	for (i = 0; i < CA_NBRANCHES; i++)
 		ca->ca_m_branch[i] = -2;

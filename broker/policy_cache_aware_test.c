@@ -135,7 +135,7 @@ test_spill_needs_both_gates(void **state)
 	/* Holder at 3 with others at 2, abs 0: avg 7/3; over the absolute
 	 * gate (3 > 2.33) but not the relative one (3 > 3.5): stays. */
 	f = btu_fx_flags_new("ca", "cache_aware");
-	f->fx_bs.bs_balance_abs_threshold = 0;
+	f->fx_cf.cf_balance_abs_threshold = 0;
 	btu_fx_start_order(f);
 	btu_load(f, 1, 1);
 	btu_load(f, 2, 1);
@@ -186,7 +186,7 @@ test_kv_pressure(void **state)
 	struct btu_fx *f = btu_fx_flags_new("ca", "cache_aware");
 
 	(void)state;
-	f->fx_bs.bs_overload_token_usage_threshold = 0.9;
+	f->fx_cf.cf_overload_token_usage_threshold = 0.9;
 	btu_fx_start_order(f);
 	btu_load(f, 1, 1);
 	btu_load(f, 2, 1);
@@ -237,7 +237,7 @@ test_eviction_sweep_and_gauges(void **state)
 	int i;
 
 	(void)state;
-	f->fx_bs.bs_max_tree_size = 100;
+	f->fx_cf.cf_max_tree_size = 100;
 	btu_fx_start_order(f);
 	for (i = 0; i < 50; i++) {
 		snprintf(q, sizeof(q), "unique prompt number %d padding", i);
@@ -293,7 +293,7 @@ test_gauges_live_and_model_discovery(void **state)
 	unsigned i;
 
 	(void)state;
-	f->fx_bs.bs_max_tree_size = 100;
+	f->fx_cf.cf_max_tree_size = 100;
 	btu_fx_start_order(f);
 	(void)pick_text(f, long_a);
 	assert_int_equal(gauge(f, "smg_cache_tree_chars{model=\"unknown\"}"),
@@ -351,8 +351,8 @@ test_soak_heap_bounded(void **state)
 	long chars;
 
 	(void)state;
-	f->fx_bs.bs_max_tree_size = cap;
-	f->fx_bs.bs_eviction_interval = 3600;
+	f->fx_cf.cf_max_tree_size = cap;
+	f->fx_cf.cf_eviction_interval = 3600;
 	btu_fx_start_order(f);
 	for (i = 0; i < 4; i++)
 		for (j = 0; j < sys; j++) {
@@ -404,9 +404,9 @@ test_hash_mode(void **state)
 	int first;
 
 	(void)state;
-	f->fx_bs.bs_cache_index_hash = true;
-	f->fx_bs.bs_cache_boundaries = f->fx_bounds;
-	f->fx_bs.bs_cache_boundaries_n = 2;
+	f->fx_cf.cf_cache_index = CACHE_INDEX_HASH;
+	f->fx_cf.cf_cache_boundaries = f->fx_bounds;
+	f->fx_cf.cf_cache_boundaries_n = 2;
 	btu_fx_start_order(f);
 	/* Shorter than min(B) = 4: fallback, nothing recorded. */
 	btu_load(f, 0, 1);
@@ -435,7 +435,7 @@ test_decay_prefers_shorter_backlog(void **state)
 	int i;
 
 	(void)state;
-	f->fx_bs.bs_overlap_decay = 1.0;
+	f->fx_cf.cf_overlap_decay = 1.0;
 	btu_fx_start_order(f);
 	/* Make 0 and 1 both holders: 0 first, 1 by a spill. */
 	btu_load(f, 1, 1);
@@ -502,11 +502,11 @@ test_event_mode_decay_and_temperature(void **state)
 	for (mode = 0; mode < 4; mode++) {
 		f = btu_fx_flags_new("ca", "cache_aware");
 		if (mode == 1)
-			f->fx_bs.bs_overlap_decay = 1.0;
+			f->fx_cf.cf_overlap_decay = 1.0;
 		if (mode == 2)
-			f->fx_bs.bs_selection_temperature = 0.01;
+			f->fx_cf.cf_selection_temperature = 0.01;
 		if (mode == 3)
-			f->fx_bs.bs_selection_temperature = 100;
+			f->fx_cf.cf_selection_temperature = 100;
 		btu_fx_start_order(f);
 		stored(f, 0, tok, 14);
 		stored(f, 1, tok, 13);
@@ -695,7 +695,7 @@ test_spill_when_queue_outweighs_cache(void **state)
 	int idx;
 
 	(void)state;
-	f->fx_bs.bs_max_tree_size = 1000000;
+	f->fx_cf.cf_max_tree_size = 1000000;
 	btu_fx_start_order(f);
 	w0 = f->fx_c[0];
 	btu_load(f, 1, 1);
@@ -731,7 +731,7 @@ test_holders_by_expected_wait(void **state)
 	unsigned i;
 
 	(void)state;
-	f->fx_bs.bs_max_tree_size = 1000000;
+	f->fx_cf.cf_max_tree_size = 1000000;
 	btu_fx_start_order(f);
 	for (i = 0; i < 3; i++)
 		policy_cache_aware_replay(f->fx_br->br_default,

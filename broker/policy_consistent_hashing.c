@@ -28,7 +28,7 @@ static int chash_select(struct policy *p, struct worker *const *c, unsigned n,
 static void chash_changed(struct policy *p, struct worker *w);
 
 const struct policy_ops policy_consistent_hashing_ops = {
-	.po_name = "consistent_hashing",
+	.po_kind = POLICY_CONSISTENT_HASHING,
 	.po_create = chash_create,
 	.po_free = chash_free,
 	.po_select = chash_select,
@@ -75,7 +75,7 @@ chash_select(struct policy *p, struct worker *const *c, unsigned n,
 {
 	struct chash *ch = p->pl_state;
 	struct broker *br = p->pl_br;
-	const struct broker_settings *bs;
+	const struct config *cf;
 	struct ring_ch_input in;
 	struct ring_ch_pick pick;
 	struct ring *r;
@@ -84,8 +84,8 @@ chash_select(struct policy *p, struct worker *const *c, unsigned n,
 
 	if (br == NULL)
 		return n > 0 ? (int)policy_rand_below(n) : -1;
-	bs = br->br_set;
-	over = bs->bs_policy_flags && bs->bs_routing_key_override;
+	cf = br->br_cf;
+	over = cf->cf_routing_key_override;
 	memset(&in, 0, sizeof(in));
 	if (req->has_target_worker)
 		in.rci_target_worker = req->target_worker;

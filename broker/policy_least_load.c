@@ -29,7 +29,7 @@ static int ll_select(struct policy *p, struct worker *const *c, unsigned n,
     const Smg__RouteRequest *req);
 
 const struct policy_ops policy_least_load_ops = {
-	.po_name = "least_load",
+	.po_kind = POLICY_LEAST_LOAD,
 	.po_create = policy_least_load_create,
 	.po_free = policy_least_load_free,
 	.po_select = ll_select,
@@ -40,8 +40,7 @@ const struct policy_ops policy_least_load_ops = {
 void *
 policy_least_load_create(struct policy *p)
 {
-	const struct broker_settings *bs =
-	    p->pl_br != NULL ? p->pl_br->br_set : NULL;
+	const struct config *cf = p->pl_br != NULL ? p->pl_br->br_cf : NULL;
 	struct scorer_tunables t;
 	struct ll_state *st;
 
@@ -49,11 +48,13 @@ policy_least_load_create(struct policy *p)
 	/* Only least_load reads the flags; power_of_two keeps the built-in
 	 * values (§4), as does an instance with built-in settings (§13). */
 	if (p->pl_ops == &policy_least_load_ops && !p->pl_builtin &&
-	    bs != NULL && bs->bs_ll_default_throughput > 0) {
-		t.st_kv_pressure_weight = bs->bs_ll_kv_pressure_weight;
-		t.st_default_throughput = bs->bs_ll_default_throughput;
-		t.st_mean_prefill_tokens = bs->bs_ll_mean_prefill_tokens;
-		t.st_max_waiting_requests = bs->bs_ll_max_waiting_requests;
+	    cf != NULL && cf->cf_least_load_default_throughput > 0) {
+		t.st_kv_pressure_weight = cf->cf_least_load_kv_pressure_weight;
+		t.st_default_throughput = cf->cf_least_load_default_throughput;
+		t.st_mean_prefill_tokens =
+		    cf->cf_least_load_mean_prefill_tokens;
+		t.st_max_waiting_requests =
+		    cf->cf_least_load_max_waiting_requests;
 	}
 	st = xcalloc(1, sizeof(*st));
 	st->ll_scorer = scorer_new(&t, policy_rand_below);
@@ -120,7 +121,7 @@ policy_least_load_pick(struct policy *p, struct worker *const *c, unsigned n,
 		n = SHM_MAX_WORKERS;
 	if (br != NULL)
 		interval_ms =
-		    (uint64_t)br->br_set->bs_load_monitor_interval * 1000;
+		    (uint64_t)br->br_cf->cf_load_monitor_interval * 1000;
 	/* No cache knowledge here: the whole prompt is to prefill. */
 	prompt = live_prompt_tokens(req,
 	    scorer_get_tunables(st->ll_scorer)->st_mean_prefill_tokens);

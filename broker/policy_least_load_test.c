@@ -44,16 +44,16 @@ fx_setup(void **state)
 
 	if (f == NULL)
 		return -1;
-	f->fx_bs.bs_cb_failure_threshold = 5;
-	f->fx_bs.bs_health_failure_threshold = 2;
-	f->fx_bs.bs_health_success_threshold = 2;
-	f->fx_bs.bs_load_monitor_interval = 1;
+	f->fx_cf.cf_cb_failure_threshold = 5;
+	f->fx_cf.cf_health_failure_threshold = 2;
+	f->fx_cf.cf_health_success_threshold = 2;
+	f->fx_cf.cf_load_monitor_interval = 1;
 	/* The CLI defaults, as main.c fills them. */
-	f->fx_bs.bs_ll_kv_pressure_weight = 0.15;
-	f->fx_bs.bs_ll_default_throughput = 2000.0;
-	f->fx_bs.bs_ll_mean_prefill_tokens = 1024;
-	f->fx_bs.bs_ll_max_waiting_requests = 0;
-	f->fx_bs.bs_nworkers = 2;
+	f->fx_cf.cf_least_load_kv_pressure_weight = 0.15;
+	f->fx_cf.cf_least_load_default_throughput = 2000.0;
+	f->fx_cf.cf_least_load_mean_prefill_tokens = 1024;
+	f->fx_cf.cf_least_load_max_waiting_requests = 0;
+	f->fx_cf.cf_worker_urls_n = 2;
 	*state = f;
 	return 0;
 }
@@ -267,7 +267,7 @@ test_waiting_cap(void **state)
 	struct rank busy = { 64, 100, 100, 0 }, idle = { 0, 50000, 100, 0 };
 	struct rank edge = { 47, 0, 1e9, 0 };
 
-	f->fx_bs.bs_ll_max_waiting_requests = 48;
+	f->fx_cf.cf_least_load_max_waiting_requests = 48;
 	btu_fx_start(f);
 	/* a would score best, but it is over the cap. */
 	fx_load(f, "http://a:1", &busy);
@@ -288,8 +288,8 @@ test_cap_single_worker(void **state)
 	struct btu_fx *f = *state;
 	struct rank busy = { 64, 100, 100, 0 };
 
-	f->fx_bs.bs_ll_max_waiting_requests = 48;
-	f->fx_bs.bs_nworkers = 1;
+	f->fx_cf.cf_least_load_max_waiting_requests = 48;
+	f->fx_cf.cf_worker_urls_n = 1;
 	btu_fx_start(f);
 	/* A worker without a report is never capped. */
 	assert_int_equal(fx_route(f, NULL, 0), 'a');
@@ -499,7 +499,7 @@ test_dark_ties_are_uniform(void **state)
 	struct btu_fx *f = *state;
 	int counts[3] = { 0, 0, 0 }, i;
 
-	f->fx_bs.bs_nworkers = 3;
+	f->fx_cf.cf_worker_urls_n = 3;
 	btu_fx_start(f);
 	for (i = 0; i < 3000; i++)
 		counts[fx_route(f, NULL, 0) - 'a']++;
@@ -524,7 +524,7 @@ test_flags_and_removal(void **state)
 	uint64_t req, ida;
 
 	/* λ = 2: a's KV barrier 2 x 0.98 / 0.02 = 98 s > b's 5 s. */
-	f->fx_bs.bs_ll_kv_pressure_weight = 2.0;
+	f->fx_cf.cf_least_load_kv_pressure_weight = 2.0;
 	btu_fx_start(f);
 	assert_true(
 	    scorer_get_tunables(policy_least_load_scorer(f->fx_br->br_default))
@@ -556,9 +556,9 @@ test_power_of_two(void **state)
 	const struct scorer_tunables *t;
 	int i, seen[3] = { 0, 0, 0 };
 
-	f->fx_bs.bs_policy = "power_of_two";
-	f->fx_bs.bs_ll_max_waiting_requests = 48;
-	f->fx_bs.bs_ll_kv_pressure_weight = 3.0;
+	f->fx_cf.cf_policy = POLICY_POWER_OF_TWO;
+	f->fx_cf.cf_least_load_max_waiting_requests = 48;
+	f->fx_cf.cf_least_load_kv_pressure_weight = 3.0;
 	btu_fx_start(f);
 	/* The --least-load-* flags do not reach power_of_two. */
 	t = scorer_get_tunables(policy_least_load_scorer(f->fx_br->br_default));
@@ -577,7 +577,7 @@ test_power_of_two(void **state)
 	assert_true(fx_route(f, NULL, 0) != '5');
 	server_free(f->fx_br);
 	/* Three dark workers: every worker is drawn. */
-	f->fx_bs.bs_nworkers = 3;
+	f->fx_cf.cf_worker_urls_n = 3;
 	btu_fx_start(f);
 	for (i = 0; i < 300; i++)
 		seen[fx_route(f, NULL, 0) - 'a']++;

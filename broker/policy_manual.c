@@ -41,7 +41,7 @@ static void manual_restore(struct policy *p, const char *key,
     const char *const *urls, unsigned nurls, uint64_t last_ms);
 
 const struct policy_ops policy_manual_ops = {
-	.po_name = "manual",
+	.po_kind = POLICY_MANUAL,
 	.po_create = manual_create,
 	.po_free = manual_free,
 	.po_select = manual_select,
@@ -52,10 +52,9 @@ const struct policy_ops policy_manual_ops = {
 static void *
 manual_create(struct policy *p)
 {
-	const struct broker_settings *bs =
-	    p->pl_br != NULL ? p->pl_br->br_set : NULL;
+	const struct config *cf = p->pl_br != NULL ? p->pl_br->br_cf : NULL;
 	struct manual *mn = xcalloc(1, sizeof(*mn));
-	bool cli = bs != NULL && bs->bs_policy_flags && !p->pl_builtin;
+	bool cli = cf != NULL && !p->pl_builtin;
 
 	mn->mn_p = p;
 	mn->mn_map = sticky_map_new();
@@ -63,10 +62,10 @@ manual_create(struct policy *p)
 	mn->mn_idle_ms = 14400 * 1000ULL;
 	mn->mn_every_ms = (p->pl_builtin ? 60 : 120) * 1000ULL;
 	if (cli) {
-		if (bs->bs_assignment_mode_set)
-			mn->mn_mode = bs->bs_assignment_mode;
-		mn->mn_idle_ms = (uint64_t)bs->bs_max_idle_secs * 1000;
-		mn->mn_every_ms = (uint64_t)bs->bs_eviction_interval * 1000;
+		if (cf->cf_assignment_mode_set)
+			mn->mn_mode = cf->cf_assignment_mode;
+		mn->mn_idle_ms = (uint64_t)cf->cf_max_idle_secs * 1000;
+		mn->mn_every_ms = (uint64_t)cf->cf_eviction_interval * 1000;
 	}
 	mn->mn_m_entries = -2;
 	return mn;

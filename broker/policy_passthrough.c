@@ -10,7 +10,7 @@ static int passthrough_select(struct policy *p, struct worker *const *c,
     unsigned n, const Smg__RouteRequest *req);
 
 const struct policy_ops policy_passthrough_ops = {
-	.po_name = "passthrough",
+	.po_kind = POLICY_PASSTHROUGH,
 	.po_select = passthrough_select,
 };
 

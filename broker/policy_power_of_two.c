@@ -10,7 +10,7 @@ static int p2_select(struct policy *p, struct worker *const *c, unsigned n,
     const Smg__RouteRequest *req);
 
 const struct policy_ops policy_power_of_two_ops = {
-	.po_name = "power_of_two",
+	.po_kind = POLICY_POWER_OF_TWO,
 	.po_create = policy_least_load_create,
 	.po_free = policy_least_load_free,
 	.po_select = p2_select,

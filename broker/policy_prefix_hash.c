@@ -31,7 +31,7 @@ static int phash_select(struct policy *p, struct worker *const *c, unsigned n,
 static void phash_changed(struct policy *p, struct worker *w);
 
 const struct policy_ops policy_prefix_hash_ops = {
-	.po_name = "prefix_hash",
+	.po_kind = POLICY_PREFIX_HASH,
 	.po_create = phash_create,
 	.po_free = phash_free,
 	.po_select = phash_select,
@@ -42,31 +42,30 @@ const struct policy_ops policy_prefix_hash_ops = {
 static void *
 phash_create(struct policy *p)
 {
-	const struct broker_settings *bs =
-	    p->pl_br != NULL ? p->pl_br->br_set : NULL;
+	const struct config *cf = p->pl_br != NULL ? p->pl_br->br_cf : NULL;
 	struct phash *ph = xcalloc(1, sizeof(*ph));
 	unsigned i;
 
 	ph->ph_rings = rings_new();
 	ring_prefix_conf_default(&ph->ph_conf);
 	/* Label-created instances keep the built-in defaults (§13). */
-	if (bs != NULL && bs->bs_policy_flags && !p->pl_builtin) {
-		if (bs->bs_prefix_token_count > 0)
+	if (cf != NULL && !p->pl_builtin) {
+		if (cf->cf_prefix_token_count > 0)
 			ph->ph_conf.rpc_prefix_token_count =
-			    bs->bs_prefix_token_count;
-		if (bs->bs_prefix_hash_load_factor >= 1.0)
+			    cf->cf_prefix_token_count;
+		if (cf->cf_prefix_hash_load_factor >= 1.0)
 			ph->ph_conf.rpc_load_factor =
-			    bs->bs_prefix_hash_load_factor;
+			    cf->cf_prefix_hash_load_factor;
 		ph->ph_conf.rpc_abs_threshold =
-		    (double)bs->bs_prefix_hash_abs_threshold;
-		if (bs->bs_cache_boundaries_n > 0) {
-			ph->ph_boundaries = xcalloc(bs->bs_cache_boundaries_n,
+		    (double)cf->cf_prefix_hash_balance_abs_threshold;
+		if (cf->cf_cache_boundaries_n > 0) {
+			ph->ph_boundaries = xcalloc(cf->cf_cache_boundaries_n,
 			    sizeof(*ph->ph_boundaries));
-			memcpy(ph->ph_boundaries, bs->bs_cache_boundaries,
-			    bs->bs_cache_boundaries_n *
+			memcpy(ph->ph_boundaries, cf->cf_cache_boundaries,
+			    cf->cf_cache_boundaries_n *
 			        sizeof(*ph->ph_boundaries));
 			ph->ph_conf.rpc_boundaries = ph->ph_boundaries;
-			ph->ph_conf.rpc_nboundaries = bs->bs_cache_boundaries_n;
+			ph->ph_conf.rpc_nboundaries = cf->cf_cache_boundaries_n;
 		}
 	}
 	for (i = 0; i < PH_NBRANCHES; i++)

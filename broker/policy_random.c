@@ -8,7 +8,7 @@ static int random_select(struct policy *p, struct worker *const *c, unsigned n,
     const Smg__RouteRequest *req);
 
 const struct policy_ops policy_random_ops = {
-	.po_name = "random",
+	.po_kind = POLICY_RANDOM,
 	.po_select = random_select,
 };
 

@@ -38,7 +38,7 @@ static struct rr_set *rr_lookup(struct rr_state *rr, uint64_t key, bool create);
 static void rr_unlink(struct rr_state *rr, int idx);
 
 const struct policy_ops policy_round_robin_ops = {
-	.po_name = "round_robin",
+	.po_kind = POLICY_ROUND_ROBIN,
 	.po_new = rr_new,
 	.po_free = rr_free,
 	.po_select = rr_select,

@@ -22,6 +22,8 @@
 #include "broker.h"
 
 static struct worker *registry_find_url(struct broker *br, const char *url);
+static int64_t registry_overload_waiting(const struct config *cf);
+static double registry_overload_token_usage(const struct config *cf);
 static int registry_pick_slot(struct broker *br, const char *url,
     bool *adopted);
 static void registry_index(struct broker *br, struct worker *w);
@@ -32,6 +34,23 @@ static void registry_worker_free(struct worker *w);
 static void registry_pool_track(struct broker *br, int series);
 static void registry_overload_count(struct broker *br, struct model_entry *me,
     int delta);
+
+/* The overload veto's defaults of gateway.md §8: 0 = none. */
+static int64_t
+registry_overload_waiting(const struct config *cf)
+{
+	return cf->cf_worker_overload_waiting_requests_set
+	    ? cf->cf_worker_overload_waiting_requests
+	    : 0;
+}
+
+static double
+registry_overload_token_usage(const struct config *cf)
+{
+	if (cf->cf_worker_overload_token_usage_set)
+		return cf->cf_worker_overload_token_usage;
+	return cf->cf_worker_overload_protection ? 0.9 : 0;
+}
 
 /* The observer calls, one per member of struct registry_observer. */
 enum registry_event {
@@ -485,15 +504,15 @@ registry_add(struct broker *br, const struct worker_spec *ws, bool persist,
 	w->wk_from_cli = ws->ws_from_cli;
 	w->wk_persist = persist;
 	w->wk_health_disabled =
-	    ws->ws_health_disabled || br->br_set->bs_disable_health_check;
+	    ws->ws_health_disabled || br->br_cf->cf_disable_health_check;
 	w->wk_status =
 	    w->wk_health_disabled ? SHM_WORKER_READY : SHM_WORKER_PENDING;
 	w->wk_ov_waiting = ws->ws_ov_waiting > 0
 	    ? ws->ws_ov_waiting
-	    : br->br_set->bs_overload_waiting;
+	    : registry_overload_waiting(br->br_cf);
 	w->wk_ov_token_usage = ws->ws_ov_token_usage > 0
 	    ? ws->ws_ov_token_usage
-	    : br->br_set->bs_overload_token_usage;
+	    : registry_overload_token_usage(br->br_cf);
 	w->wk_load_interval_secs = ws->ws_load_interval_secs;
 	w->wk_order = br->br_next_order++;
 	w->wk_slot = (unsigned)slot;
@@ -604,7 +623,7 @@ registry_drain(struct broker *br, struct worker *w)
 		store_del(br->br_store, w->wk_url);
 		w->wk_persist = false;
 	}
-	ev_timer_set(&w->wk_drain, br->br_set->bs_drain_settle_secs, 0.);
+	ev_timer_set(&w->wk_drain, br->br_cf->cf_drain_settle_secs, 0.);
 	ev_timer_start(br->br_loop, &w->wk_drain);
 }
 
@@ -676,16 +695,16 @@ registry_update(struct broker *br, struct worker *w,
 	if (w->wk_labels == NULL)
 		fatalx("%s: out of memory", __func__);
 	w->wk_health_disabled =
-	    ws->ws_health_disabled || br->br_set->bs_disable_health_check;
+	    ws->ws_health_disabled || br->br_cf->cf_disable_health_check;
 	if (w->wk_health_disabled && w->wk_status != SHM_WORKER_DRAINING)
 		w->wk_status = SHM_WORKER_READY; /* nothing will probe it */
 	stats_set(br, w->wk_m_health, w->wk_status == SHM_WORKER_READY);
 	w->wk_ov_waiting = ws->ws_ov_waiting > 0
 	    ? ws->ws_ov_waiting
-	    : br->br_set->bs_overload_waiting;
+	    : registry_overload_waiting(br->br_cf);
 	w->wk_ov_token_usage = ws->ws_ov_token_usage > 0
 	    ? ws->ws_ov_token_usage
-	    : br->br_set->bs_overload_token_usage;
+	    : registry_overload_token_usage(br->br_cf);
 	if (moved) {
 		registry_index(br, w);
 		registry_tell(br, REGISTRY_WORKER_ADDED, w, NULL);

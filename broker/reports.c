@@ -42,7 +42,7 @@ static void
 reports_failed(struct broker *br, struct worker *w)
 {
 	registry_set_status(br, w, SHM_WORKER_FAILED);
-	if (br->br_set->bs_remove_unhealthy)
+	if (br->br_cf->cf_remove_unhealthy_workers)
 		registry_remove(br, w);
 }
 
@@ -85,7 +85,7 @@ reports_discovery(struct broker *br, const Smg__WorkerDiscovery *d)
 static void
 reports_health(struct broker *br, const Smg__HealthReport *h)
 {
-	const struct broker_settings *bs = br->br_set;
+	const struct config *cf = br->br_cf;
 	struct worker *w;
 	unsigned t;
 
@@ -109,7 +109,7 @@ reports_health(struct broker *br, const Smg__HealthReport *h)
 	case SHM_WORKER_PENDING:
 		/* Discovery promotes a Pending worker; probes only give up. */
 		if (++w->wk_probes_pending >=
-		    10 * bs->bs_health_failure_threshold) {
+		    10 * cf->cf_health_failure_threshold) {
 			free(w->wk_error);
 			w->wk_error = xstrdup("not ready after registration "
 			                      "probes");
@@ -117,14 +117,14 @@ reports_health(struct broker *br, const Smg__HealthReport *h)
 		}
 		break;
 	case SHM_WORKER_READY:
-		if (w->wk_health_fails >= bs->bs_health_failure_threshold)
+		if (w->wk_health_fails >= cf->cf_health_failure_threshold)
 			registry_set_status(br, w, SHM_WORKER_NOT_READY);
 		break;
 	case SHM_WORKER_NOT_READY:
-		if (w->wk_health_passes >= bs->bs_health_success_threshold)
+		if (w->wk_health_passes >= cf->cf_health_success_threshold)
 			registry_set_status(br, w, SHM_WORKER_READY);
 		else if (w->wk_health_fails >=
-		    3 * bs->bs_health_failure_threshold)
+		    3 * cf->cf_health_failure_threshold)
 			reports_failed(br, w);
 		break;
 	default:

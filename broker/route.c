@@ -126,7 +126,7 @@ route_keyed(struct broker *br, const Smg__RouteRequest *req, struct worker *w)
 	if (sticky_key(br, req, key, sizeof(key), &src) == NULL)
 		return;
 	sticky_dispatched(br, key, w);
-	if (br->br_set->bs_policy_flags && br->br_set->bs_routing_key_override)
+	if (br->br_cf->cf_routing_key_override)
 		sticky_count_source(br, src);
 }
 
@@ -148,7 +148,7 @@ route_one(struct broker *br, const Smg__RouteRequest *req, Smg__Decision *d,
 		model = canon;
 		d->resolved_model = (char *)canon;
 	}
-	n = avail_pool(br, model, type, br->br_set->bs_mode, c);
+	n = avail_pool(br, model, type, br->br_mode, c);
 	if (n == 0) {
 		if (pd) {
 			snprintf(msg, msglen,
@@ -169,7 +169,7 @@ route_one(struct broker *br, const Smg__RouteRequest *req, Smg__Decision *d,
 		route_error(d, 503, "no_available_workers",
 		    "All workers are overloaded");
 		d->terminal = true;
-		d->retry_after_secs = br->br_set->bs_load_monitor_interval;
+		d->retry_after_secs = br->br_cf->cf_load_monitor_interval;
 		return;
 	}
 	if (n == 0) {

@@ -13,6 +13,7 @@
 #include "shared/ipc.h"
 #include "shared/log.h"
 #include "shared/metrics.h"
+#include "shared/urlallow.h"
 #include "shared/xmalloc.h"
 
 #include "broker.h"
@@ -38,6 +39,9 @@ static void server_prepare_cb(struct ev_loop *loop, ev_prepare *p, int revents);
 static void server_flush_cb(struct ev_loop *loop, ev_timer *t, int revents);
 static void server_signal_cb(struct ev_loop *loop, ev_signal *s, int revents);
 static int server_startup_workers(struct broker *br);
+static int server_startup_worker(struct broker *br, const char *given, int type,
+    int32_t bootstrap_port);
+static int server_mode_of_urls(const struct config *cf);
 static void server_collect_cb(void *arg, const char *key, const char *value);
 static int server_rec_cmp(const void *a, const void *b);
 static void server_restore(struct broker *br, struct server_rec *rec);
@@ -46,66 +50,108 @@ static int server_policies(struct broker *br);
 static int
 server_policies(struct broker *br)
 {
-	const struct broker_settings *bs = br->br_set;
+	const struct config *cf = br->br_cf;
 
-	if ((br->br_default = policy_new(bs->bs_policy, false)) == NULL)
+	if ((br->br_default =
+	            policy_new(policy_info_name(cf->cf_policy), false)) == NULL)
 		return -1;
-	if (bs->bs_pd) {
+	if (cf->cf_pd_disaggregation || cf->cf_epd_disaggregation) {
 		br->br_legs[SMG__LEG__LEG_PREFILL] =
-		    policy_new(bs->bs_prefill_policy ? bs->bs_prefill_policy
-		                                     : bs->bs_policy,
-		        false);
-		br->br_legs[SMG__LEG__LEG_DECODE] = policy_new(
-		    bs->bs_decode_policy ? bs->bs_decode_policy : bs->bs_policy,
-		    false);
+		    policy_new(policy_info_name(cf->cf_prefill_policy), false);
+		br->br_legs[SMG__LEG__LEG_DECODE] =
+		    policy_new(policy_info_name(cf->cf_decode_policy), false);
 		if (br->br_legs[SMG__LEG__LEG_PREFILL] == NULL ||
 		    br->br_legs[SMG__LEG__LEG_DECODE] == NULL)
 			return -1;
 	}
-	if (bs->bs_encode_policy != NULL &&
-	    (br->br_legs[SMG__LEG__LEG_ENCODE] =
-	            policy_new(bs->bs_encode_policy, false)) == NULL)
+	if (cf->cf_epd_disaggregation &&
+	    (br->br_legs[SMG__LEG__LEG_ENCODE] = policy_new(
+	         policy_info_name(cf->cf_encode_policy), false)) == NULL)
 		return -1;
 	return 0;
 }
 
+/* The connection mode the URLs of --worker-urls imply. */
+static int
+server_mode_of_urls(const struct config *cf)
+{
+	size_t i;
+
+	for (i = 0; i < cf->cf_worker_urls_n; i++) {
+		if (strncmp(cf->cf_worker_urls[i], "grpc", 4) == 0)
+			return SMG__CONNECTION_MODE__CONNECTION_MODE_GRPC;
+		if (strncmp(cf->cf_worker_urls[i], "ipc://", 6) == 0)
+			return SMG__CONNECTION_MODE__CONNECTION_MODE_ZMQ;
+	}
+	return SMG__CONNECTION_MODE__CONNECTION_MODE_HTTP;
+}
+
+/*
+ * The workers of the command line: --worker-urls (regular, unless PD or
+ * EPD), then --prefill, --decode and --encode.
+ */
 static int
 server_startup_workers(struct broker *br)
 {
-	const struct broker_settings *bs = br->br_set;
+	const struct config *cf = br->br_cf;
+	bool pd = cf->cf_pd_disaggregation || cf->cf_epd_disaggregation;
+	size_t i;
+
+	for (i = 0; i < cf->cf_worker_urls_n && !pd; i++) {
+		if (server_startup_worker(br, cf->cf_worker_urls[i],
+		        SMG__WORKER_TYPE__WORKER_TYPE_REGULAR, -1) == -1)
+			return -1;
+	}
+	for (i = 0; i < cf->cf_prefill_n; i++) {
+		if (server_startup_worker(br, cf->cf_prefill[i].ce_url,
+		        SMG__WORKER_TYPE__WORKER_TYPE_PREFILL,
+		        cf->cf_prefill[i].ce_bootstrap_port) == -1)
+			return -1;
+	}
+	for (i = 0; i < cf->cf_decode_n; i++) {
+		if (server_startup_worker(br, cf->cf_decode[i],
+		        SMG__WORKER_TYPE__WORKER_TYPE_DECODE, -1) == -1)
+			return -1;
+	}
+	for (i = 0; i < cf->cf_encode_n; i++) {
+		if (server_startup_worker(br, cf->cf_encode[i].ce_url,
+		        SMG__WORKER_TYPE__WORKER_TYPE_ENCODE,
+		        cf->cf_encode[i].ce_bootstrap_port) == -1)
+			return -1;
+	}
+	return 0;
+}
+
+/* Registers one; 0 also for a duplicate (warned), -1 on failure. */
+static int
+server_startup_worker(struct broker *br, const char *given, int type,
+    int32_t bootstrap_port)
+{
 	struct worker_spec ws;
 	char url[SHM_URL_MAX], err[256];
 	const char *why;
-	size_t i;
 
-	for (i = 0; i < bs->bs_nworkers; i++) {
-		const struct broker_startup_worker *sw = &bs->bs_workers[i];
-
-		if (registry_normalize_url(sw->sw_url, url, sizeof(url), err,
-		        sizeof(err)) == -1) {
-			log_warnx("%s: worker %s: %s", __func__, sw->sw_url,
-			    err);
-			return -1;
+	if (registry_normalize_url(given, url, sizeof(url), err, sizeof(err)) ==
+	    -1) {
+		log_warnx("%s: worker %s: %s", __func__, given, err);
+		return -1;
+	}
+	memset(&ws, 0, sizeof(ws));
+	ws.ws_url = url;
+	ws.ws_type = type;
+	ws.ws_mode = br->br_mode;
+	ws.ws_api_key = br->br_cf->cf_api_key;
+	ws.ws_bootstrap_port = bootstrap_port;
+	ws.ws_priority = 50;
+	ws.ws_cost = 1.0;
+	ws.ws_from_cli = true;
+	if (registry_add(br, &ws, false, &why) == NULL) {
+		if (strcmp(why, "exists") == 0) {
+			log_warnx("%s: worker %s given twice", __func__, url);
+			return 0;
 		}
-		memset(&ws, 0, sizeof(ws));
-		ws.ws_url = url;
-		ws.ws_type = sw->sw_type;
-		ws.ws_mode = bs->bs_mode;
-		ws.ws_api_key = bs->bs_api_key;
-		ws.ws_bootstrap_port = sw->sw_bootstrap_port;
-		ws.ws_priority = 50;
-		ws.ws_cost = 1.0;
-		ws.ws_from_cli = true;
-		if (registry_add(br, &ws, false, &why) == NULL) {
-			if (strcmp(why, "exists") == 0) {
-				log_warnx("%s: worker %s given twice", __func__,
-				    url);
-				continue;
-			}
-			log_warnx("%s: worker %s: table %s", __func__, url,
-			    why);
-			return -1;
-		}
+		log_warnx("%s: worker %s: table %s", __func__, url, why);
+		return -1;
 	}
 	return 0;
 }
@@ -211,7 +257,7 @@ server_restore(struct broker *br, struct server_rec *rec)
 }
 
 struct broker *
-server_new(struct ev_loop *loop, const struct broker_settings *bs, bool serve)
+server_new(struct ev_loop *loop, const struct config *cf, bool serve)
 {
 	struct server_recs rs = { NULL, 0 };
 	struct broker *br;
@@ -221,11 +267,25 @@ server_new(struct ev_loop *loop, const struct broker_settings *bs, bool serve)
 
 	br = xcalloc(1, sizeof(*br));
 	br->br_loop = loop;
-	br->br_set = bs;
+	br->br_cf = cf;
+	br->br_mode = server_mode_of_urls(cf);
 	br->br_row = SHM_ROW_BROKER;
 	br->br_debug = log_getlevel() == LOG_LEVEL_DEBUG;
-	breaker_conf_init(&br->br_cbconf, bs);
-	if ((br->br_shm = shm_open_segment(bs->bs_run_dir)) == NULL)
+	breaker_conf_init(&br->br_cbconf, cf);
+	if (cf->cf_worker_allow_cidr_n > 0) {
+		br->br_allow =
+		    xcalloc(cf->cf_worker_allow_cidr_n, sizeof(*br->br_allow));
+		for (i = 0; i < cf->cf_worker_allow_cidr_n; i++) {
+			if (urlallow_cidr_parse(cf->cf_worker_allow_cidr[i],
+			        &br->br_allow[i]) == -1) {
+				log_warnx("%s: bad --worker-allow-cidr %s",
+				    __func__, cf->cf_worker_allow_cidr[i]);
+				goto fail;
+			}
+		}
+		br->br_nallow = cf->cf_worker_allow_cidr_n;
+	}
+	if ((br->br_shm = shm_open_segment(cf->cf_run_dir)) == NULL)
 		goto fail;
 	if (shm_row_claim(br->br_shm, SHM_ROW_BROKER) == -1) {
 		log_warnx("%s: another broker holds the broker row", __func__);
@@ -235,7 +295,7 @@ server_new(struct ev_loop *loop, const struct broker_settings *bs, bool serve)
 	}
 	/* NULL: no usable state dir (logged); serve without persistence
 	 * rather than fail in a loop. */
-	br->br_store = store_open(bs->bs_state_dir);
+	br->br_store = store_open(cf->cf_state_dir);
 	/* Who hears of registry changes, in this order. */
 	registry_observe(br, &breaker_registry_observer);
 	registry_observe(br, &policy_registry_observer);
@@ -283,13 +343,13 @@ server_new(struct ev_loop *loop, const struct broker_settings *bs, bool serve)
 	if (!serve)
 		return br;
 
-	if (ipc_url(url, sizeof(url), bs->bs_run_dir, IPC_BROKER_SOCK) == -1 ||
+	if (ipc_url(url, sizeof(url), cf->cf_run_dir, IPC_BROKER_SOCK) == -1 ||
 	    (br->br_rep = ipc_server_new(loop, url, IPC_SERVER_REP,
 	         server_rep_cb, br)) == NULL)
 		goto fail;
 	log_info("smg-broker: serving %s, %u workers, policy %s, state %s", url,
-	    br->br_nworkers, policy_name(br->br_default), bs->bs_state_dir);
-	if (ipc_url(url, sizeof(url), bs->bs_run_dir, IPC_REPORTS_SOCK) == -1 ||
+	    br->br_nworkers, policy_name(br->br_default), cf->cf_state_dir);
+	if (ipc_url(url, sizeof(url), cf->cf_run_dir, IPC_REPORTS_SOCK) == -1 ||
 	    (br->br_pull = ipc_server_new(loop, url, IPC_SERVER_PULL,
 	         server_pull_cb, br)) == NULL)
 		goto fail;
@@ -342,6 +402,7 @@ server_free(struct broker *br)
 		shm_row_release(br->br_shm, SHM_ROW_BROKER);
 		shm_close(br->br_shm);
 	}
+	free(br->br_allow);
 	free(br);
 }
 

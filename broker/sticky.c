@@ -347,10 +347,10 @@ const char *
 sticky_key(struct broker *br, const Smg__RouteRequest *req, char *buf,
     size_t len, const char **source)
 {
-	const struct broker_settings *bs = br->br_set;
+	const struct config *cf = br->br_cf;
 	const char *prefix, *key = NULL;
 	char stripped[STICKY_KEY_CAP + 1];
-	bool over = bs->bs_policy_flags && bs->bs_routing_key_override;
+	bool over = cf->cf_routing_key_override;
 	int n;
 
 	switch (req->leg) {
@@ -580,10 +580,10 @@ sticky_pinned(struct sticky_pin *pin, struct worker *const *c, unsigned n)
 static int
 sticky_mode(struct broker *br)
 {
-	const struct broker_settings *bs = br->br_set;
+	const struct config *cf = br->br_cf;
 
-	if (bs->bs_policy_flags && bs->bs_assignment_mode_set)
-		return bs->bs_assignment_mode;
+	if (cf->cf_assignment_mode_set)
+		return cf->cf_assignment_mode;
 	return ASSIGNMENT_MODE_DELEGATE;
 }
 
@@ -607,11 +607,11 @@ bool
 sticky_applies(struct broker *br, const struct policy *p,
     const Smg__RouteRequest *req)
 {
-	const struct broker_settings *bs = br->br_set;
+	const struct config *cf = br->br_cf;
 	const char *name = policy_name(p), *src;
 	char key[STICKY_KEY_MAX];
 
-	if (!bs->bs_policy_flags || !bs->bs_routing_key_override)
+	if (!cf->cf_routing_key_override)
 		return false;
 	if (strcmp(name, "manual") == 0 ||
 	    strcmp(name, "consistent_hashing") == 0)
@@ -802,15 +802,15 @@ sticky_evicted(void *arg, const char *key)
 void
 sticky_sweep(struct broker *br, uint64_t now_ms)
 {
-	const struct broker_settings *bs = br->br_set;
+	const struct config *cf = br->br_cf;
 	struct sticky_state *ss = br->br_sticky;
 	uint64_t every, idle;
 	size_t n;
 
-	if (ss == NULL || !bs->bs_policy_flags || !bs->bs_routing_key_override)
+	if (ss == NULL || !cf->cf_routing_key_override)
 		return;
-	every = (uint64_t)bs->bs_eviction_interval * 1000;
-	idle = (uint64_t)bs->bs_max_idle_secs * 1000;
+	every = (uint64_t)cf->cf_eviction_interval * 1000;
+	idle = (uint64_t)cf->cf_max_idle_secs * 1000;
 	if (every == 0 || idle == 0)
 		return; /* §7.4: no eviction task */
 	if (now_ms - ss->ss_last_sweep_ms < every)

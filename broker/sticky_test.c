@@ -87,8 +87,8 @@ test_manual_branches(void **state)
 	int a, i;
 
 	(void)state;
-	f->fx_bs.bs_assignment_mode = ASSIGNMENT_MODE_MIN_LOAD;
-	f->fx_bs.bs_assignment_mode_set = true;
+	f->fx_cf.cf_assignment_mode = ASSIGNMENT_MODE_MIN_LOAD;
+	f->fx_cf.cf_assignment_mode_set = true;
 	btu_fx_start_order(f);
 	btu_load(f, 0, 2);
 	btu_load(f, 2, 1);
@@ -124,9 +124,9 @@ test_manual_min_group_and_eviction(void **state)
 	struct sticky_pin *pin;
 
 	(void)state;
-	f->fx_bs.bs_assignment_mode = ASSIGNMENT_MODE_MIN_GROUP;
-	f->fx_bs.bs_assignment_mode_set = true;
-	f->fx_bs.bs_max_idle_secs = 10;
+	f->fx_cf.cf_assignment_mode = ASSIGNMENT_MODE_MIN_GROUP;
+	f->fx_cf.cf_assignment_mode_set = true;
+	f->fx_cf.cf_max_idle_secs = 10;
 	btu_fx_start_order(f);
 	/* Two keys in flight on 0, one on 1: a new key goes to 2. */
 	sticky_dispatched(f->fx_br, "x", f->fx_c[0]);
@@ -153,7 +153,7 @@ test_sticky_overlay(void **state)
 	int p, q;
 
 	(void)state;
-	f->fx_bs.bs_routing_key_override = true;
+	f->fx_cf.cf_routing_key_override = true;
 	btu_fx_start_order(f);
 	/* vacant: delegated to round_robin, pinned. */
 	p = route(f, "sess_t1", NULL, 0);
@@ -209,7 +209,7 @@ test_inflight_exact(void **state)
 	int p, q, i;
 
 	(void)state;
-	f->fx_bs.bs_routing_key_override = true;
+	f->fx_cf.cf_routing_key_override = true;
 	btu_fx_start_order(f);
 	/* Two keyed and one unkeyed request on the pinned worker. */
 	p = route(f, "conv_t1", NULL, 0);
@@ -330,7 +330,7 @@ test_persist_across_restart(void **state)
 	int holder, pin;
 
 	(void)state;
-	f->fx_bs.bs_routing_key_override = true;
+	f->fx_cf.cf_routing_key_override = true;
 	btu_fx_start_order(f);
 	btu_load(f, 1, 1);
 	btu_load(f, 2, 1);
@@ -387,7 +387,7 @@ test_journal_chunks(void **state)
 	size_t i;
 
 	(void)state;
-	f->fx_bs.bs_max_tree_size = 1000000;
+	f->fx_cf.cf_max_tree_size = 1000000;
 	for (i = 0; i < 20000; i++)
 		a[i] = b[i] = (char)('a' + (i * 7 + i / 3) % 26);
 	a[20000] = b[20000] = '\0';

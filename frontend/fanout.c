@@ -18,6 +18,7 @@
 #include "frontend/frontend.h"
 #include "sglang_scheduler.pb-c.h"
 #include "shared/grpc.h"
+#include "shared/loads.h"
 #include "shared/log.h"
 #include "shared/promerge.h"
 #include "shared/promload.h"
@@ -389,26 +390,21 @@ fanout_timeout_cb(struct ev_loop *loop, ev_timer *w, int revents)
 static bool
 fanout_loads_answered(struct fanout_part *p)
 {
-	bool ok = p->fp_err == UPSTREAM_OK && !p->fp_overflow;
-	cJSON *rep, *loads;
+	cJSON *rep;
 
-	if (ok && p->fp_status >= 200 && p->fp_status < 300) {
-		rep = p->fp_body != NULL
-		    ? cJSON_ParseWithLength(p->fp_body, p->fp_len)
-		    : NULL;
-		loads = cJSON_GetObjectItemCaseSensitive(rep, "loads");
-		if (cJSON_IsObject(rep) && cJSON_IsArray(loads)) {
-			if (cJSON_GetArraySize(loads) > 0)
-				p->fp_report = rep;
-			else
-				cJSON_Delete(rep);
-			return true;
-		}
-		cJSON_Delete(rep);
+	switch (loads_classify(p->fp_err == UPSTREAM_OK ? p->fp_status : 0,
+	    !p->fp_overflow, p->fp_body, p->fp_len, &rep)) {
+	case LOADS_REPORT:
+		p->fp_report = rep;
+		return true;
+	case LOADS_EMPTY:
+		return true;
+	case LOADS_ABSENT:
 		fanout_loads_absent[p->fp_slot] = p->fp_generation + 1;
-	} else if (ok &&
-	    (p->fp_status == 404 || p->fp_status == 405 || p->fp_status == 501))
-		fanout_loads_absent[p->fp_slot] = p->fp_generation + 1;
+		return false;
+	case LOADS_FAILED:
+		break;
+	}
 	return false;
 }
 
@@ -626,26 +622,14 @@ fanout_error(const struct fanout_part *p)
 static cJSON *
 fanout_load_entry(struct fanout_part *p)
 {
-	cJSON *e = cJSON_CreateObject(), *loads, *r, *v;
-	double used = 0;
-	bool sized = false;
+	cJSON *e = cJSON_CreateObject();
 
 	cJSON_AddStringToObject(e, "worker", p->fp_url);
 	if (p->fp_report == NULL) {
 		cJSON_AddNumberToObject(e, "load", -1);
 		return e;
 	}
-	loads = cJSON_GetObjectItemCaseSensitive(p->fp_report, "loads");
-	cJSON_ArrayForEach(r, loads)
-	{
-		v = cJSON_GetObjectItemCaseSensitive(r, "num_used_tokens");
-		if (cJSON_IsNumber(v))
-			used += v->valuedouble;
-		v = cJSON_GetObjectItemCaseSensitive(r, "max_total_num_tokens");
-		if (cJSON_IsNumber(v) && v->valuedouble > 0)
-			sized = true;
-	}
-	cJSON_AddNumberToObject(e, "load", sized ? used : -1);
+	cJSON_AddNumberToObject(e, "load", loads_used_tokens(p->fp_report));
 	cJSON_AddItemToObject(e, "details", p->fp_report);
 	p->fp_report = NULL;
 	return e;

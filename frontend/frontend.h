@@ -20,7 +20,7 @@
 #include "ipc.pb-c.h"
 
 #include "frontend/extract.h"
-#include "frontend/upstream.h"
+#include "shared/upstream.h"
 #include "shared/config.h"
 #include "shared/http.h"
 #include "shared/metrics.h"

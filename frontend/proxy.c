@@ -555,13 +555,6 @@ proxy_on_done(void *arg, enum upstream_error err)
 
 /* ------------------------------------------------- streamed bodies */
 
-/* Whether the policy needs the request text (gateway.md §6.4). */
-static bool
-proxy_policy_needs_text(enum policy_kind k)
-{
-	return k == POLICY_CACHE_AWARE || k == POLICY_BUCKET;
-}
-
 bool
 proxy_stream_wanted(const struct http_request *hr)
 {
@@ -599,7 +592,7 @@ proxy_stream_wanted(const struct http_request *hr)
 	if (cf->cf_pd_disaggregation || cf->cf_epd_disaggregation ||
 	    cf->cf_dp_aware || cf->cf_enable_igw)
 		return false;
-	if (!proxy_policy_needs_text(cf->cf_policy))
+	if (!policy_info_of(cf->cf_policy)->pi_needs_text)
 		return true;
 	if (extract_inputs_headers(ep, hr,
 	        (const char *const *)cf->cf_routing_key_headers,

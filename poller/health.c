@@ -21,7 +21,7 @@
 /* Probe bodies are ignored; keep little of them. */
 #define HEALTH_BODY_MAX 4096
 
-static void health_done_cb(void *, const struct http_client_result *);
+static void health_done_cb(void *, const struct upstream_result *);
 static void health_grpc_msg_cb(void *, const uint8_t *, size_t);
 static void health_grpc_close_cb(void *, const struct grpc_status *);
 static void health_grpc_detect_cb(struct pworker *, bool, const char *);
@@ -57,10 +57,9 @@ health_tick(struct pworker *pw, uint64_t now)
 		health_grpc_start(pw);
 		return;
 	}
-	hs->hs_req = http_client_get(p->p_loop, p->p_tls, pw->pw_url,
-	    cf->cf_health_check_endpoint, pw->pw_api_key,
-	    (double)cf->cf_health_check_timeout_secs, HEALTH_BODY_MAX,
-	    health_done_cb, pw);
+	hs->hs_req = fetch_get(p, pw->pw_url, cf->cf_health_check_endpoint,
+	    pw->pw_api_key, (double)cf->cf_health_check_timeout_secs,
+	    HEALTH_BODY_MAX, health_done_cb, pw);
 }
 
 /*
@@ -144,25 +143,24 @@ health_stop(struct pworker *pw)
 	grpc_call_cancel(pw->pw_health.hs_call);
 	if (pw->pw_health.hs_detecting)
 		rpc_detect_cancel(pw);
-	http_client_cancel(pw->pw_health.hs_req);
+	upstream_fetch_cancel(pw->pw_health.hs_req);
 	memset(&pw->pw_health, 0, sizeof(pw->pw_health));
 }
 
 static void
-health_done_cb(void *arg, const struct http_client_result *res)
+health_done_cb(void *arg, const struct upstream_result *res)
 {
 	struct pworker *pw = arg;
 	char detail[96];
 	bool passed;
 
 	pw->pw_health.hs_req = NULL;
-	passed = res->hr_error == HTTP_CLIENT_OK && res->hr_status >= 200 &&
-	    res->hr_status < 300;
-	if (res->hr_error != HTTP_CLIENT_OK)
-		snprintf(detail, sizeof(detail), "%s",
-		    http_client_strerror(res->hr_error));
+	passed = res->ur_error == UPSTREAM_OK && res->ur_status >= 200 &&
+	    res->ur_status < 300;
+	if (res->ur_error != UPSTREAM_OK)
+		snprintf(detail, sizeof(detail), "%s", res->ur_reason);
 	else
-		snprintf(detail, sizeof(detail), "status %d", res->hr_status);
+		snprintf(detail, sizeof(detail), "status %d", res->ur_status);
 	health_report(pw, passed, detail);
 }
 

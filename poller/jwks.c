@@ -17,6 +17,7 @@
 #include "shared/config.h"
 #include "shared/jwt.h"
 #include "shared/log.h"
+#include "shared/url.h"
 #include "shared/xmalloc.h"
 
 #define JWKS_BODY_MAX  (1024 * 1024)
@@ -26,7 +27,7 @@
 
 struct jwks {
 	struct poller *j_poller;
-	struct http_client_req *j_req;
+	struct upstream_fetch *j_req;
 	bool j_discovering; /* j_req asks the discovery document */
 	char j_uri[JWKS_URL_MAX]; /* "" until known */
 	char j_path[512]; /* RUN/jwks.json */
@@ -37,7 +38,7 @@ struct jwks {
 };
 
 static void jwks_fetch(struct jwks *, uint64_t);
-static void jwks_done(void *, const struct http_client_result *);
+static void jwks_done(void *, const struct upstream_result *);
 static void jwks_write(struct jwks *, const char *, size_t);
 static bool jwks_url_ok(const char *);
 
@@ -45,24 +46,24 @@ int
 jwks_split_url(const char *url, char *base, size_t baselen, char *path,
     size_t pathlen)
 {
-	const char *host, *slash;
-	int n;
+	struct url u;
+	size_t origin, tail;
 
-	if (strncasecmp(url, "http://", 7) == 0)
-		host = url + 7;
-	else if (strncasecmp(url, "https://", 8) == 0)
-		host = url + 8;
+	if (url_parse(url, &u) == -1 || u.u_userinfo || u.u_rank >= 0 ||
+	    (!url_scheme_is(&u, "http") && !url_scheme_is(&u, "https")))
+		return -1;
+	origin = url_origin_len(&u, url);
+	tail = strlen(url + origin);
+	if (origin >= baselen || (tail == 0 ? 2 : tail + 1) > pathlen)
+		return -1;
+	/* path may be url's own buffer: base first, then move the tail. */
+	memcpy(base, url, origin);
+	base[origin] = '\0';
+	if (tail == 0)
+		memcpy(path, "/", 2);
 	else
-		return -1;
-	if (*host == '\0' || *host == '/')
-		return -1;
-	slash = strchr(host, '/');
-	n = snprintf(base, baselen, "%.*s",
-	    (int)(slash != NULL ? (size_t)(slash - url) : strlen(url)), url);
-	if (n < 0 || (size_t)n >= baselen)
-		return -1;
-	n = snprintf(path, pathlen, "%s", slash != NULL ? slash : "/");
-	return n < 0 || (size_t)n >= pathlen ? -1 : 0;
+		memmove(path, url + origin, tail + 1);
+	return 0;
 }
 
 /* The discovered jwks_uri obeys the rule config.c applies to the flags. */
@@ -104,7 +105,7 @@ jwks_free(struct jwks *j)
 {
 	if (j == NULL)
 		return;
-	http_client_cancel(j->j_req);
+	upstream_fetch_cancel(j->j_req);
 	free(j->j_last);
 	free(j);
 }
@@ -163,12 +164,12 @@ jwks_fetch(struct jwks *j, uint64_t now_ms)
 		log_warnx("%s: bad JWKS URL %s", __func__, j->j_uri);
 		return;
 	}
-	j->j_req = http_client_get(j->j_poller->p_loop, j->j_poller->p_tls,
-	    base, path, NULL, JWKS_TIMEOUT, JWKS_BODY_MAX, jwks_done, j);
+	j->j_req = fetch_get(j->j_poller, base, path, NULL, JWKS_TIMEOUT,
+	    JWKS_BODY_MAX, jwks_done, j);
 }
 
 static void
-jwks_done(void *arg, const struct http_client_result *res)
+jwks_done(void *arg, const struct upstream_result *res)
 {
 	struct jwks *j = arg;
 	const cJSON *u;
@@ -178,15 +179,14 @@ jwks_done(void *arg, const struct http_client_result *res)
 	size_t skipped = 0;
 
 	j->j_req = NULL;
-	if (res->hr_error != HTTP_CLIENT_OK || res->hr_status != 200 ||
-	    res->hr_truncated) {
-		if (res->hr_error != HTTP_CLIENT_OK)
-			snprintf(err, sizeof(err), "%s",
-			    http_client_strerror(res->hr_error));
-		else if (res->hr_truncated)
+	if (res->ur_error != UPSTREAM_OK || res->ur_status != 200 ||
+	    res->ur_truncated) {
+		if (res->ur_error != UPSTREAM_OK)
+			snprintf(err, sizeof(err), "%s", res->ur_reason);
+		else if (res->ur_truncated)
 			snprintf(err, sizeof(err), "document too large");
 		else
-			snprintf(err, sizeof(err), "status %d", res->hr_status);
+			snprintf(err, sizeof(err), "status %d", res->ur_status);
 		log_warnx("%s: %s: %s (keeping the last key set; retry in "
 		          "%d s)",
 		    __func__, j->j_discovering ? "OIDC discovery" : j->j_uri,
@@ -194,7 +194,7 @@ jwks_done(void *arg, const struct http_client_result *res)
 		return;
 	}
 	if (j->j_discovering) {
-		doc = cJSON_ParseWithLength(res->hr_body, res->hr_body_len);
+		doc = cJSON_ParseWithLength(res->ur_body, res->ur_body_len);
 		u = cJSON_GetObjectItemCaseSensitive(doc, "jwks_uri");
 		if (!cJSON_IsString(u) || !jwks_url_ok(u->valuestring) ||
 		    strlen(u->valuestring) >= sizeof(j->j_uri)) {
@@ -210,7 +210,7 @@ jwks_done(void *arg, const struct http_client_result *res)
 		jwks_fetch(j, j->j_last_ms);
 		return;
 	}
-	if ((ks = jwt_keyset_parse(res->hr_body, res->hr_body_len, &skipped,
+	if ((ks = jwt_keyset_parse(res->ur_body, res->ur_body_len, &skipped,
 	         err, sizeof(err))) == NULL) {
 		log_warnx("%s: %s: %s (keeping the last key set)", __func__,
 		    j->j_uri, err);
@@ -218,10 +218,10 @@ jwks_done(void *arg, const struct http_client_result *res)
 	}
 	jwt_keyset_free(ks);
 	j->j_next_ms = j->j_last_ms + JWKS_TTL_SECS * 1000;
-	if (j->j_last != NULL && strlen(j->j_last) == res->hr_body_len &&
-	    memcmp(j->j_last, res->hr_body, res->hr_body_len) == 0)
+	if (j->j_last != NULL && strlen(j->j_last) == res->ur_body_len &&
+	    memcmp(j->j_last, res->ur_body, res->ur_body_len) == 0)
 		return;
-	jwks_write(j, res->hr_body, res->hr_body_len);
+	jwks_write(j, res->ur_body, res->ur_body_len);
 }
 
 /* Whole or not at all: a reader never sees half a file. */

@@ -23,6 +23,7 @@
 
 #include "shared/config.h"
 #include "shared/log.h"
+#include "shared/url.h"
 
 #define KV_DEFAULT_ENDPOINT      "tcp://*:5557"
 #define KV_DRAIN_MAX             256 /* messages per wake-up, then yield */
@@ -43,7 +44,7 @@ static int kv_subscribe(struct pworker *, const char *, const char *);
 static void kv_io_cb(struct ev_loop *, ev_io *, int);
 static void kv_message(struct pworker *, zmq_msg_t *, size_t);
 static void kv_probe(struct pworker *, const char *);
-static void kv_probe_cb(void *, const struct http_client_result *);
+static void kv_probe_cb(void *, const struct upstream_result *);
 static void kv_forward(struct pworker *, uint64_t, enum kvevents_verdict,
     Smg__KvEventBatch *);
 static bool kv_grpc_wanted(const struct config *);
@@ -493,8 +494,9 @@ int
 kvevents_resolve(const char *endpoint, const char *worker_url, char *out,
     size_t len)
 {
-	const char *hp, *colon, *h, *he;
+	const char *hp, *colon;
 	char host[SHM_URL_MAX];
+	struct url u;
 	size_t hl;
 	int n;
 
@@ -513,23 +515,12 @@ kvevents_resolve(const char *endpoint, const char *worker_url, char *out,
 		n = snprintf(out, len, "%s", endpoint);
 		return n < 0 || (size_t)n >= len ? -1 : 0;
 	}
-	/* The worker's own host: after "scheme://", up to port or path. */
-	if ((h = strstr(worker_url, "://")) == NULL)
+	/* The worker's own host, brackets kept for an IPv6 literal. */
+	if (url_parse(worker_url, &u) == -1)
 		return -1;
-	h += 3;
-	if (*h == '[') {
-		if ((he = strchr(h, ']')) == NULL)
-			return -1;
-		he++;
-	} else
-		for (he = h;
-		     *he != '\0' && *he != ':' && *he != '/' && *he != '@';
-		     he++)
-			;
-	if (he == h || (size_t)(he - h) >= sizeof(host))
+	n = snprintf(host, sizeof(host), u.u_ipv6 ? "[%s]" : "%s", u.u_host);
+	if (n < 0 || (size_t)n >= sizeof(host))
 		return -1;
-	memcpy(host, h, (size_t)(he - h));
-	host[he - h] = '\0';
 	n = snprintf(out, len, "tcp://%s%s", host, colon);
 	return n < 0 || (size_t)n >= len ? -1 : 0;
 }
@@ -590,8 +581,8 @@ kv_probe(struct pworker *pw, const char *path)
 	struct kvevents_state *ks = &pw->pw_kv;
 
 	ks->ks_probe = KVEVENTS_PROBE_BUSY;
-	ks->ks_req = http_client_get(p->p_loop, p->p_tls, pw->pw_url, path,
-	    pw->pw_api_key, KV_TIMEOUT_SECS, POLLER_BODY_MAX, kv_probe_cb, pw);
+	ks->ks_req = fetch_get(p, pw->pw_url, path, pw->pw_api_key,
+	    KV_TIMEOUT_SECS, POLLER_BODY_MAX, kv_probe_cb, pw);
 	if (ks->ks_req == NULL) {
 		ks->ks_probe = KVEVENTS_PROBE_NONE;
 		ks->ks_next_ms = shm_now_ms() + KV_PROBE_RETRY_MS;
@@ -599,29 +590,29 @@ kv_probe(struct pworker *pw, const char *path)
 }
 
 static void
-kv_probe_cb(void *arg, const struct http_client_result *res)
+kv_probe_cb(void *arg, const struct upstream_result *res)
 {
 	struct pworker *pw = arg;
 	struct kvevents_state *ks = &pw->pw_kv;
 
 	ks->ks_req = NULL;
-	if (res->hr_error != HTTP_CLIENT_OK) {
+	if (res->ur_error != UPSTREAM_OK) {
 		/* Unreachable for now: ask again later. */
 		ks->ks_probe = KVEVENTS_PROBE_NONE;
 		ks->ks_probe_fallback = false;
 		ks->ks_next_ms = shm_now_ms() + KV_PROBE_RETRY_MS;
 		return;
 	}
-	if (res->hr_status == 404 && !ks->ks_probe_fallback) {
+	if (res->ur_status == 404 && !ks->ks_probe_fallback) {
 		ks->ks_probe_fallback = true;
 		kv_probe(pw, "/server_info");
 		return;
 	}
 	ks->ks_probe = KVEVENTS_PROBE_DONE;
 	ks->ks_found[0] = ks->ks_topic[0] = '\0';
-	if (res->hr_status < 200 || res->hr_status >= 300 ||
-	    res->hr_truncated ||
-	    kvevents_parse_server_info(res->hr_body, res->hr_body_len,
+	if (res->ur_status < 200 || res->ur_status >= 300 ||
+	    res->ur_truncated ||
+	    kvevents_parse_server_info(res->ur_body, res->ur_body_len,
 	        ks->ks_found, sizeof(ks->ks_found), ks->ks_topic,
 	        sizeof(ks->ks_topic)) == -1) {
 		ks->ks_found[0] = ks->ks_topic[0] = '\0';
@@ -1005,7 +996,7 @@ kvevents_stop(struct pworker *pw)
 		log_info("%s: %s: unsubscribed from %s", __func__, pw->pw_url,
 		    ks->ks_endpoint);
 	}
-	http_client_cancel(ks->ks_req);
+	upstream_fetch_cancel(ks->ks_req);
 	grpc_call_cancel(ks->ks_stream);
 	memset(ks, 0, sizeof(*ks));
 }

@@ -1,6 +1,6 @@
 /*
- * load.c: load polling of Ready workers (gateway.md §9): the /v1/loads
- * JSON parser (workers.md §2.2) and the rank of the Prometheus /metrics
+ * load.c: load polling of Ready workers (gateway.md §9): /v1/loads
+ * answers read by shared/loads.c, and the rank of the Prometheus /metrics
  * fallback (workers.md §3, read by shared/promload.c).
  *
  * Every --load-monitor-interval seconds per Ready worker: GET /v1/loads
@@ -27,98 +27,23 @@
 #include <cjson/cJSON.h>
 
 #include "shared/config.h"
+#include "shared/loads.h"
 #include "shared/log.h"
 #include "shared/metrics.h"
 #include "shared/promload.h"
 
-static int64_t load_int(const cJSON *o, const char *name);
-static double load_num(const cJSON *o, const char *name);
 static void load_fetch(struct pworker *pw, enum load_step step);
 static bool load_fallback_allowed(const struct pworker *pw);
-static void load_done_cb(void *arg, const struct http_client_result *res);
+static void load_done_cb(void *arg, const struct upstream_result *res);
 static void load_gauges(struct pworker *pw, const Smg__RankLoad *ranks,
     size_t n);
 static void load_gauge_set(struct pworker *, const char *, int32_t, double,
     bool);
-static bool load_policy_consumes(enum policy_kind k);
 static bool load_grpc_fetch(struct pworker *pw);
 static void load_grpc_msg_cb(void *arg, const uint8_t *msg, size_t len);
 static void load_grpc_close_cb(void *arg, const struct grpc_status *st);
 
 /* ------------------------------------------------------------ parsers */
-
-static double
-load_num(const cJSON *o, const char *name)
-{
-	const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, name);
-
-	if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble))
-		return 0.0;
-	return it->valuedouble;
-}
-
-static int64_t
-load_int(const cJSON *o, const char *name)
-{
-	double v = load_num(o, name);
-
-	/* Clamp into int64 before converting (UB beyond). */
-	if (v >= 9.2e18)
-		return INT64_MAX;
-	if (v <= -9.2e18)
-		return INT64_MIN;
-	return (int64_t)v;
-}
-
-enum load_parse
-load_parse_json(const char *body, size_t len, Smg__RankLoad *ranks, size_t max,
-    size_t *n)
-{
-	const cJSON *root, *loads, *it;
-	enum load_parse rv;
-	size_t k = 0, pos = 0;
-
-	*n = 0;
-	if ((root = cJSON_ParseWithLength(body, len)) == NULL)
-		return LOAD_PARSE_NOT_LOADS;
-	loads = cJSON_GetObjectItemCaseSensitive(root, "loads");
-	if (!cJSON_IsObject(root) || !cJSON_IsArray(loads)) {
-		cJSON_Delete((cJSON *)root);
-		return LOAD_PARSE_NOT_LOADS;
-	}
-	cJSON_ArrayForEach(it, loads)
-	{
-		Smg__RankLoad *r;
-		const cJSON *dp;
-
-		pos++;
-		if (!cJSON_IsObject(it) || k >= max)
-			continue;
-		r = &ranks[k++];
-		smg__rank_load__init(r);
-		dp = cJSON_GetObjectItemCaseSensitive(it, "dp_rank");
-		r->dp_rank = cJSON_IsNumber(dp) && dp->valuedouble >= 0 &&
-		        dp->valuedouble < 1e6
-		    ? (int32_t)dp->valuedouble
-		    : (int32_t)(pos - 1);
-		r->num_running_reqs = load_int(it, "num_running_reqs");
-		r->num_waiting_reqs = load_int(it, "num_waiting_reqs");
-		r->num_waiting_uncached_tokens =
-		    load_int(it, "num_waiting_uncached_tokens");
-		r->num_total_reqs = load_int(it, "num_total_reqs");
-		r->num_used_tokens = load_int(it, "num_used_tokens");
-		r->max_total_num_tokens = load_int(it, "max_total_num_tokens");
-		r->token_usage = load_num(it, "token_usage");
-		r->gen_throughput = load_num(it, "gen_throughput");
-		r->cache_hit_rate = load_num(it, "cache_hit_rate");
-		r->utilization = load_num(it, "utilization");
-		r->max_running_requests = load_int(it, "max_running_requests");
-	}
-	rv = k > 0 ? LOAD_PARSE_REPORT : LOAD_PARSE_EMPTY;
-	*n = k;
-	cJSON_Delete((cJSON *)root);
-	return rv;
-}
 
 int
 load_parse_prom(const char *body, size_t len, const char *runtime,
@@ -141,13 +66,6 @@ load_parse_prom(const char *body, size_t len, const char *runtime,
 
 /* ----------------------------------------------------------- schedule */
 
-static bool
-load_policy_consumes(enum policy_kind k)
-{
-	return k == POLICY_LEAST_LOAD || k == POLICY_POWER_OF_TWO ||
-	    k == POLICY_CACHE_AWARE;
-}
-
 bool
 load_wanted(const struct config *cf)
 {
@@ -155,11 +73,11 @@ load_wanted(const struct config *cf)
 
 	if (!cf->cf_disable_load_monitoring)
 		return true;
-	if (load_policy_consumes(cf->cf_policy))
+	if (policy_info_of(cf->cf_policy)->pi_load_aware)
 		return true;
 	if (pd &&
-	    (load_policy_consumes(cf->cf_prefill_policy) ||
-	        load_policy_consumes(cf->cf_decode_policy)))
+	    (policy_info_of(cf->cf_prefill_policy)->pi_load_aware ||
+	        policy_info_of(cf->cf_decode_policy)->pi_load_aware))
 		return true;
 	return cf->cf_dp_minimum_tokens_scheduler || cf->cf_engine_metrics ||
 	    cf->cf_worker_overload_protection ||
@@ -216,7 +134,7 @@ load_stop(struct pworker *pw)
 	struct load_state *ls = &pw->pw_load;
 	bool absent = ls->ls_absent, grpc_absent;
 
-	http_client_cancel(ls->ls_req);
+	upstream_fetch_cancel(ls->ls_req);
 	ls->ls_req = NULL;
 	grpc_call_cancel(ls->ls_call);
 	ls->ls_call = NULL;
@@ -247,7 +165,7 @@ load_fetch(struct pworker *pw, enum load_step step)
 	struct load_state *ls = &pw->pw_load;
 
 	ls->ls_step = step;
-	ls->ls_req = http_client_get(p->p_loop, p->p_tls, pw->pw_url,
+	ls->ls_req = fetch_get(p, pw->pw_url,
 	    step == LOAD_LOADS ? LOAD_PATH : "/metrics", pw->pw_api_key,
 	    LOAD_TIMEOUT_SECS, POLLER_BODY_MAX, load_done_cb, pw);
 	if (ls->ls_req == NULL)
@@ -255,29 +173,29 @@ load_fetch(struct pworker *pw, enum load_step step)
 }
 
 static void
-load_done_cb(void *arg, const struct http_client_result *res)
+load_done_cb(void *arg, const struct upstream_result *res)
 {
 	static Smg__RankLoad ranks[LOAD_MAX_RANKS];
 	struct pworker *pw = arg;
 	struct load_state *ls = &pw->pw_load;
 	enum load_step step = ls->ls_step;
+	cJSON *doc;
 	bool ok2xx;
 	size_t n = 0;
 	char why[64];
 
 	ls->ls_req = NULL;
 	ls->ls_step = LOAD_IDLE;
-	ok2xx = res->hr_error == HTTP_CLIENT_OK && res->hr_status >= 200 &&
-	    res->hr_status < 300;
-	if (res->hr_error != HTTP_CLIENT_OK)
-		snprintf(why, sizeof(why), "%s",
-		    http_client_strerror(res->hr_error));
+	ok2xx = res->ur_error == UPSTREAM_OK && res->ur_status >= 200 &&
+	    res->ur_status < 300;
+	if (res->ur_error != UPSTREAM_OK)
+		snprintf(why, sizeof(why), "%s", res->ur_reason);
 	else
-		snprintf(why, sizeof(why), "status %d", res->hr_status);
+		snprintf(why, sizeof(why), "status %d", res->ur_status);
 
 	if (step == LOAD_METRICS) {
-		if (ok2xx && !res->hr_truncated &&
-		    load_parse_prom(res->hr_body, res->hr_body_len,
+		if (ok2xx && !res->ur_truncated &&
+		    load_parse_prom(res->ur_body, res->ur_body_len,
 		        pw->pw_runtime[0] != '\0' ? pw->pw_runtime : NULL,
 		        &ranks[0]) == 0) {
 			load_report(pw, ranks, 1, "metrics");
@@ -289,26 +207,26 @@ load_done_cb(void *arg, const struct http_client_result *res)
 		return;
 	}
 
-	if (ok2xx && !res->hr_truncated) {
-		switch (load_parse_json(res->hr_body, res->hr_body_len, ranks,
-		    LOAD_MAX_RANKS, &n)) {
-		case LOAD_PARSE_REPORT:
-			load_report(pw, ranks, n, "loads");
-			return;
-		case LOAD_PARSE_EMPTY:
-			/* Nothing this tick; ask again next interval. */
-			log_debug("%s: %s: empty load response", __func__,
-			    pw->pw_url);
-			return;
-		case LOAD_PARSE_NOT_LOADS:
+	switch (
+	    loads_classify(res->ur_error == UPSTREAM_OK ? res->ur_status : 0,
+	        !res->ur_truncated, res->ur_body, res->ur_body_len, &doc)) {
+	case LOADS_REPORT:
+		n = loads_ranks(doc, ranks, LOAD_MAX_RANKS);
+		cJSON_Delete(doc);
+		load_report(pw, ranks, n, "loads");
+		return;
+	case LOADS_EMPTY:
+		/* Nothing this tick; ask again next interval. */
+		log_debug("%s: %s: empty load response", __func__, pw->pw_url);
+		return;
+	case LOADS_ABSENT:
+		if (ok2xx)
 			snprintf(why, sizeof(why), "not a load response");
-			ls->ls_absent = true;
-			break;
-		}
-	} else if (res->hr_error == HTTP_CLIENT_OK &&
-	    (res->hr_status == 404 || res->hr_status == 405 ||
-	        res->hr_status == 501))
 		ls->ls_absent = true;
+		break;
+	case LOADS_FAILED:
+		break;
+	}
 
 	if (ls->ls_absent)
 		log_info("%s: %s: /v1/loads absent (%s); using /metrics",
@@ -372,7 +290,7 @@ load_grpc_close_cb(void *arg, const struct grpc_status *st)
 	struct load_state *ls = &pw->pw_load;
 	uint8_t *msg = ls->ls_grpc_msg;
 	size_t len = ls->ls_grpc_len, n = 0;
-	int parse = LOAD_PARSE_NOT_LOADS;
+	int parse = LOADS_ABSENT;
 
 	ls->ls_call = NULL;
 	ls->ls_grpc_msg = NULL;
@@ -396,10 +314,10 @@ load_grpc_close_cb(void *arg, const struct grpc_status *st)
 		return;
 	}
 	switch (parse) {
-	case LOAD_PARSE_REPORT:
+	case LOADS_REPORT:
 		load_report(pw, ranks, n, "grpc");
 		return;
-	case LOAD_PARSE_EMPTY:
+	case LOADS_EMPTY:
 		log_debug("%s: %s: empty GetLoads response", __func__,
 		    pw->pw_url);
 		return;

@@ -1,8 +1,7 @@
 /*
- * load_test.c: the poller's load report parsers on real-shaped bodies:
- * /v1/loads from SGLang (multi-rank, nested sections, newest shape without
- * dp_rank_count), empty and not-a-load responses, and the rank filled from
- * the Prometheus fallback (the text itself is shared/promload_test.c's).
+ * load_test.c: the rank the poller fills from the Prometheus fallback
+ * (the text itself is shared/promload_test.c's; /v1/loads bodies are
+ * shared/loads_test.c's) and whether loads are polled at all.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -15,121 +14,10 @@
 #include "poller/poller.h"
 #include "shared/config.h"
 
-static Smg__RankLoad ranks[LOAD_MAX_RANKS];
-
-static enum load_parse
-parse_json(const char *body, size_t *n)
-{
-	return load_parse_json(body, strlen(body), ranks, LOAD_MAX_RANKS, n);
-}
-
 static int
 parse_prom(const char *body, const char *runtime, Smg__RankLoad *r)
 {
 	return load_parse_prom(body, strlen(body), runtime, r);
-}
-
-static void
-test_loads_two_ranks(void **state)
-{
-	const char *body =
-	    "{\"timestamp\":\"2026-08-01T12:00:00Z\",\"version\":\"0.5.4\","
-	    "\"dp_rank_count\":2,\"loads\":["
-	    "{\"dp_rank\":0,\"num_running_reqs\":3,\"num_waiting_reqs\":5,"
-	    "\"num_waiting_uncached_tokens\":4096,\"num_total_reqs\":8,"
-	    "\"num_used_tokens\":12000,\"max_total_num_tokens\":500000,"
-	    "\"token_usage\":0.024,\"gen_throughput\":812.5,"
-	    "\"cache_hit_rate\":0.61,\"utilization\":0.4,"
-	    "\"max_running_requests\":256,\"kv_transfer_latency_ms\":3.1,"
-	    "\"disagg_mode\":\"prefill\",\"memory\":{\"weight_gb\":14.2},"
-	    "\"queues\":{\"waiting\":5}},"
-	    "{\"dp_rank\":1,\"num_running_reqs\":1,\"num_waiting_reqs\":0,"
-	    "\"token_usage\":0.5,\"gen_throughput\":100}]}";
-	size_t n;
-
-	(void)state;
-	assert_int_equal(parse_json(body, &n), LOAD_PARSE_REPORT);
-	assert_int_equal(n, 2);
-	assert_int_equal(ranks[0].dp_rank, 0);
-	assert_int_equal(ranks[0].num_running_reqs, 3);
-	assert_int_equal(ranks[0].num_waiting_reqs, 5);
-	assert_int_equal(ranks[0].num_waiting_uncached_tokens, 4096);
-	assert_int_equal(ranks[0].num_total_reqs, 8);
-	assert_int_equal(ranks[0].num_used_tokens, 12000);
-	assert_int_equal(ranks[0].max_total_num_tokens, 500000);
-	assert_true(ranks[0].token_usage == 0.024);
-	assert_true(ranks[0].gen_throughput == 812.5);
-	assert_true(ranks[0].cache_hit_rate == 0.61);
-	assert_true(ranks[0].utilization == 0.4);
-	assert_int_equal(ranks[0].max_running_requests, 256);
-	assert_int_equal(ranks[1].dp_rank, 1);
-	assert_int_equal(ranks[1].num_running_reqs, 1);
-	/* Missing fields are 0. */
-	assert_int_equal(ranks[1].num_waiting_uncached_tokens, 0);
-	assert_int_equal(ranks[1].max_total_num_tokens, 0);
-	assert_true(ranks[1].token_usage == 0.5);
-}
-
-static void
-test_loads_newest_shape(void **state)
-{
-	/* Newest SGLang: no dp_rank_count, num_total_tokens, no dp_rank. */
-	const char *body = "{\"timestamp\":\"2026-08-01T12:00:00Z\","
-	                   "\"loads\":[{\"num_running_reqs\":7,"
-	                   "\"num_total_tokens\":99,\"num_waiting_reqs\":2,"
-	                   "\"weird\":[1,2],\"token_usage\":\"high\"}]}";
-	size_t n;
-
-	(void)state;
-	assert_int_equal(parse_json(body, &n), LOAD_PARSE_REPORT);
-	assert_int_equal(n, 1);
-	assert_int_equal(ranks[0].dp_rank, 0);
-	assert_int_equal(ranks[0].num_running_reqs, 7);
-	assert_int_equal(ranks[0].num_waiting_reqs, 2);
-	/* A wrongly typed field reads as absent. */
-	assert_true(ranks[0].token_usage == 0.0);
-}
-
-static void
-test_loads_empty_and_absent(void **state)
-{
-	size_t n = 99;
-
-	(void)state;
-	assert_int_equal(parse_json("{\"timestamp\":\"x\",\"loads\":[]}", &n),
-	    LOAD_PARSE_EMPTY);
-	assert_int_equal(n, 0);
-	/* Only non-objects: no rank, still a load response. */
-	assert_int_equal(parse_json("{\"loads\":[1,\"a\"]}", &n),
-	    LOAD_PARSE_EMPTY);
-	/* Not a load response: the route counts as absent. */
-	assert_int_equal(parse_json("{\"status\":\"ok\"}", &n),
-	    LOAD_PARSE_NOT_LOADS);
-	assert_int_equal(parse_json("{\"loads\":{}}", &n),
-	    LOAD_PARSE_NOT_LOADS);
-	assert_int_equal(parse_json("[{\"loads\":[]}]", &n),
-	    LOAD_PARSE_NOT_LOADS);
-	assert_int_equal(parse_json("<html>Not Found</html>", &n),
-	    LOAD_PARSE_NOT_LOADS);
-	assert_int_equal(parse_json("", &n), LOAD_PARSE_NOT_LOADS);
-}
-
-static void
-test_loads_rank_cap(void **state)
-{
-	char body[64 * (LOAD_MAX_RANKS + 8)];
-	size_t i, off, n;
-
-	(void)state;
-	off = (size_t)snprintf(body, sizeof(body), "{\"loads\":[");
-	for (i = 0; i < LOAD_MAX_RANKS + 5; i++)
-		off += (size_t)snprintf(body + off, sizeof(body) - off,
-		    "%s{\"num_waiting_reqs\":%zu}", i ? "," : "", i);
-	snprintf(body + off, sizeof(body) - off, "]}");
-	assert_int_equal(parse_json(body, &n), LOAD_PARSE_REPORT);
-	assert_int_equal(n, LOAD_MAX_RANKS);
-	assert_int_equal(ranks[LOAD_MAX_RANKS - 1].num_waiting_reqs,
-	    LOAD_MAX_RANKS - 1);
 }
 
 static void
@@ -206,10 +94,6 @@ int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_loads_two_ranks),
-		cmocka_unit_test(test_loads_newest_shape),
-		cmocka_unit_test(test_loads_empty_and_absent),
-		cmocka_unit_test(test_loads_rank_cap),
 		cmocka_unit_test(test_prom_rank),
 		cmocka_unit_test(test_wanted),
 	};

@@ -30,7 +30,7 @@
 static void poller_scan_cb(struct ev_loop *, ev_timer *, int);
 static void poller_signal_cb(struct ev_loop *, ev_signal *, int);
 static void poller_scan_slot(struct poller *, unsigned, uint64_t);
-static struct tls_ctx *poller_tls_new(const struct config *, bool);
+static struct tls_ctx *poller_grpc_tls_new(const struct config *);
 static void poller_stop_slot(struct pworker *);
 static void poller_group_intervals(struct poller *);
 
@@ -74,8 +74,8 @@ main(int argc, char *argv[])
 	if ((p->p_reports = ipc_client_new(loop, url, IPC_CLIENT_PUSH, 0)) ==
 	    NULL)
 		fatalx("%s: cannot dial %s", __func__, url);
-	p->p_tls = poller_tls_new(&cf, false);
-	p->p_grpc_tls = poller_tls_new(&cf, true);
+	p->p_up = fetch_client_new(loop, &cf);
+	p->p_grpc_tls = poller_grpc_tls_new(&cf);
 	p->p_load_on = load_wanted(&cf);
 	p->p_load_interval_ms = (uint64_t)cf.cf_load_monitor_interval * 1000;
 	p->p_jwks = jwks_new(p);
@@ -111,7 +111,7 @@ main(int argc, char *argv[])
 	kvevents_shutdown(p);
 	jwks_free(p->p_jwks);
 	ipc_client_free(p->p_reports);
-	tls_ctx_free(p->p_tls);
+	upstream_free(p->p_up);
 	tls_ctx_free(p->p_grpc_tls);
 	shm_row_release(p->p_shm, SHM_ROW_POLLER);
 	shm_close(p->p_shm);
@@ -123,13 +123,12 @@ main(int argc, char *argv[])
 }
 
 /*
- * The client context for https:// workers (h2: for grpcs://, offering
- * ALPN "h2" only, a context of its own so HTTP/1.1 servers are not asked
- * for h2). Without one (no CA store, bad files) those workers are probed
- * as failed, which the log explains.
+ * The client context for grpcs:// workers, offering ALPN "h2" only.
+ * Without one (no CA store, bad files) those workers are probed as
+ * failed, which the log explains.
  */
 static struct tls_ctx *
-poller_tls_new(const struct config *cf, bool h2)
+poller_grpc_tls_new(const struct config *cf)
 {
 	static const char *alpn_h2[] = { "h2", NULL };
 	const char **cas;
@@ -142,14 +141,14 @@ poller_tls_new(const struct config *cf, bool h2)
 	ctx = tls_ctx_new_client(cas, cf->cf_client_cert_path,
 	    cf->cf_client_key_path);
 	free(cas);
-	if (ctx != NULL && h2 && tls_ctx_set_alpn(ctx, alpn_h2) == -1) {
+	if (ctx != NULL && tls_ctx_set_alpn(ctx, alpn_h2) == -1) {
 		tls_ctx_free(ctx);
 		ctx = NULL;
 	}
 	if (ctx == NULL)
-		log_warnx("%s: no TLS client context; %s workers will "
+		log_warnx("%s: no TLS client context; grpcs:// workers will "
 		          "fail their probes",
-		    __func__, h2 ? "grpcs://" : "https://");
+		    __func__);
 	return ctx;
 }
 

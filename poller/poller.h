@@ -7,7 +7,7 @@
  * Ready ones (load.c), and KV-event subscriptions over ZMQ (kvevents.c).
  * Every finding goes to the broker as a PollerMsg over nng PUSH
  * (report.c). Nothing here blocks
- * the loop on a worker: each HTTP request has its own socket and deadline.
+ * the loop on a worker: each HTTP request has its own deadline.
  */
 #ifndef POLLER_POLLER_H
 #define POLLER_POLLER_H
@@ -21,7 +21,9 @@
 #include "ipc.pb-c.h"
 #include "sglang_scheduler.pb-c.h"
 #include "shared/grpc.h"
+#include "shared/loads.h"
 #include "shared/shm.h"
+#include "shared/upstream.h"
 
 struct config;
 struct ipc_client;
@@ -30,57 +32,26 @@ struct pworker;
 struct poller;
 struct jwks;
 
-/* ---- http_client.c ---- */
-
-enum http_client_error {
-	HTTP_CLIENT_OK = 0,
-	HTTP_CLIENT_BAD_URL,
-	HTTP_CLIENT_RESOLVE,
-	HTTP_CLIENT_CONNECT, /* refused, unreachable */
-	HTTP_CLIENT_TLS, /* TLS setup or handshake failed */
-	HTTP_CLIENT_TLS_UNAVAILABLE, /* https:// without a TLS context */
-	HTTP_CLIENT_IO, /* reset or write failure */
-	HTTP_CLIENT_TIMEOUT,
-	HTTP_CLIENT_PROTOCOL, /* unparsable or cut-short response */
-	HTTP_CLIENT_NOMEM,
-};
-
-/* hr_status and the body are set only when hr_error is HTTP_CLIENT_OK. */
-struct http_client_result {
-	enum http_client_error hr_error;
-	int hr_status;
-	const char *hr_body; /* NUL-terminated, never NULL */
-	size_t hr_body_len;
-	bool hr_truncated; /* the body was longer than body_max */
-};
+/* ---- fetch.c ---- */
 
 /*
- * Called once on the loop with the outcome; result and body are valid only
- * during the call, and the request handle is gone once it returns (the
- * callback must not cancel it).
+ * The poller's HTTP client: one request per connection (nothing pooled:
+ * probes are seconds apart), each with its own deadline; the CA files and
+ * client certificate of the config, checked now (fatal when they cannot
+ * be loaded, as in the frontend).
  */
-typedef void (*http_client_cb)(void *arg, const struct http_client_result *res);
-
-struct http_client_req;
-
+struct upstream *fetch_client_new(struct ev_loop *loop,
+    const struct config *cf);
 /*
- * GET base+path (base as registered, e.g. "http://10.0.0.1:8000"), with
- * "Authorization: Bearer <api_key>" when api_key is non-empty, one request
- * per connection, the whole exchange bounded by timeout_secs. https:// URLs
- * use tls (NULL: they fail with HTTP_CLIENT_TLS_UNAVAILABLE). The body is
- * kept up to body_max bytes; beyond that the response ends there with
- * hr_truncated set. cb is never called before this function returns, even
- * for immediate failures. Returns NULL (logged) only when out of memory,
- * in which case cb is never called.
+ * GET base+path through p->p_up (upstream_fetch), with "Authorization:
+ * Bearer <api_key>" when api_key is non-empty, as smg-poller asking for
+ * JSON. Same contract as upstream_fetch: NULL (logged) only when out of
+ * memory, otherwise cb runs once from the loop unless cancelled
+ * (upstream_fetch_cancel).
  */
-struct http_client_req *http_client_get(struct ev_loop *loop,
-    struct tls_ctx *tls, const char *base, const char *path,
-    const char *api_key, double timeout_secs, size_t body_max,
-    http_client_cb cb, void *arg);
-/* Aborts a pending request; its callback is not called. NULL: no-op. */
-void http_client_cancel(struct http_client_req *req);
-/* Static text for an error ("timeout", "connect failed", ...). */
-const char *http_client_strerror(enum http_client_error e);
+struct upstream_fetch *fetch_get(struct poller *p, const char *base,
+    const char *path, const char *api_key, double timeout_secs, size_t body_max,
+    upstream_fetch_cb cb, void *arg);
 
 /* ---- rpc.c ---- */
 
@@ -152,7 +123,7 @@ struct grpc_call *rpc_call(struct pworker *pw, enum rpc_method m,
 void rpc_stop(struct pworker *pw);
 /*
  * Maps a GetLoadsResponse (§4.2) into ranks[0..*n) (at most max). Returns
- * LOAD_PARSE_REPORT, LOAD_PARSE_EMPTY (no ranks) or LOAD_PARSE_NOT_LOADS
+ * LOADS_REPORT, LOADS_EMPTY (no ranks) or LOADS_ABSENT
  * (the bytes do not decode).
  */
 int rpc_parse_loads(const uint8_t *buf, size_t len, Smg__RankLoad *ranks,
@@ -181,7 +152,8 @@ struct jwks *jwks_new(struct poller *p);
 void jwks_tick(struct jwks *j, uint64_t now_ms);
 void jwks_free(struct jwks *j);
 /*
- * Splits url into base ("scheme://host[:port]") and path ("/..." or "/");
+ * Splits url into base ("scheme://host[:port]") and path ("/..." or "/",
+ * query kept; path may be url itself);
  * -1 when it is not an http(s) URL or does not fit.
  */
 int jwks_split_url(const char *url, char *base, size_t baselen, char *path,
@@ -207,7 +179,7 @@ enum register_step {
 
 struct register_state {
 	enum register_step rs_step;
-	struct http_client_req *rs_req;
+	struct upstream_fetch *rs_req;
 	uint64_t rs_first_ms; /* when discovery began for this generation */
 	uint64_t rs_next_ms; /* next attempt (WAIT) or re-check (DONE) */
 	unsigned rs_attempts;
@@ -242,7 +214,7 @@ int register_parse_model_info(const char *body, size_t len, char *model,
 /* ---- health.c ---- */
 
 struct health_state {
-	struct http_client_req *hs_req;
+	struct upstream_fetch *hs_req;
 	struct grpc_call *hs_call; /* grpc:// workers */
 	bool hs_detecting; /* grpc:// with no engine learnt: detection */
 	bool hs_passed; /* the HealthCheckResponse said healthy */
@@ -257,12 +229,6 @@ struct health_state {
 #define LOAD_TIMEOUT_SECS 5.0
 #define LOAD_MAX_RANKS    256
 
-enum load_parse {
-	LOAD_PARSE_REPORT = 0, /* a load response with >= 1 rank */
-	LOAD_PARSE_EMPTY, /* a load response without ranks: ask next tick */
-	LOAD_PARSE_NOT_LOADS, /* not a load response: the route is absent */
-};
-
 enum load_step {
 	LOAD_IDLE = 0,
 	LOAD_LOADS, /* GET /v1/loads in flight */
@@ -270,7 +236,7 @@ enum load_step {
 };
 
 struct load_state {
-	struct http_client_req *ls_req;
+	struct upstream_fetch *ls_req;
 	struct grpc_call *ls_call; /* GetLoads in flight */
 	bool ls_grpc_absent; /* GetLoads is UNIMPLEMENTED (logged once) */
 	uint8_t *ls_grpc_msg; /* the GetLoadsResponse, until the status */
@@ -281,14 +247,6 @@ struct load_state {
 	unsigned ls_gauge_ranks; /* ranks with smg_engine_* gauges set */
 };
 
-/*
- * Parses a /v1/loads body (workers.md §2.2): a JSON object with a `loads`
- * array. Fills ranks[0..*n) (at most max; every field optional, missing
- * ones 0, dp_rank defaults to the position) and returns whether it was a
- * report, an empty load response, or not a load response at all.
- */
-enum load_parse load_parse_json(const char *body, size_t len,
-    Smg__RankLoad *ranks, size_t max, size_t *n);
 /*
  * Reads one synthetic rank from Prometheus text (workers.md §3): SGLang
  * names (prefix "sglang:" or "sglang_", whichever has token_usage) or vLLM
@@ -354,7 +312,7 @@ struct kvevents_state {
 	/* discovery of kv_events_config when no label names an endpoint */
 	enum kvevents_probe ks_probe;
 	bool ks_probe_fallback; /* /get_server_info 404: trying /server_info */
-	struct http_client_req *ks_req;
+	struct upstream_fetch *ks_req;
 	uint64_t ks_next_ms; /* next probe after a transport failure */
 	char ks_found[SHM_URL_MAX]; /* "" none */
 	char ks_topic[SHM_URL_MAX];
@@ -441,7 +399,7 @@ struct poller {
 	const struct config *p_cf;
 	struct shm *p_shm;
 	struct ipc_client *p_reports; /* PUSH to RUN/reports.ipc */
-	struct tls_ctx *p_tls; /* NULL: https:// probes fail */
+	struct upstream *p_up; /* HTTP to workers and the JWKS issuer */
 	struct tls_ctx *p_grpc_tls; /* ALPN h2; NULL: grpcs:// calls fail */
 	bool p_load_on; /* load_wanted() */
 	uint64_t p_load_interval_ms;

@@ -30,11 +30,11 @@
 static void reg_attempt(struct pworker *, uint64_t);
 static void reg_get(struct pworker *, enum register_step, const char *);
 static void reg_next(struct pworker *);
-static void reg_done_cb(void *, const struct http_client_result *);
+static void reg_done_cb(void *, const struct upstream_result *);
 static void reg_failed(struct pworker *, const char *);
 static void reg_report(struct pworker *, bool);
-static bool reg_2xx(const struct http_client_result *);
-static void reg_describe(const struct http_client_result *, char *, size_t);
+static bool reg_2xx(const struct upstream_result *);
+static void reg_describe(const struct upstream_result *, char *, size_t);
 static void reg_grpc_cb(struct pworker *, bool, const char *);
 
 static const struct {
@@ -170,7 +170,7 @@ register_stop(struct pworker *pw)
 {
 	if (pw->pw_reg.rs_step == REGISTER_GRPC)
 		rpc_detect_cancel(pw);
-	http_client_cancel(pw->pw_reg.rs_req);
+	upstream_fetch_cancel(pw->pw_reg.rs_req);
 	memset(&pw->pw_reg, 0, sizeof(pw->pw_reg));
 }
 
@@ -219,31 +219,31 @@ reg_get(struct pworker *pw, enum register_step step, const char *path)
 	struct register_state *rs = &pw->pw_reg;
 
 	rs->rs_step = step;
-	rs->rs_req = http_client_get(p->p_loop, p->p_tls, pw->pw_url, path,
-	    pw->pw_api_key, (double)p->p_cf->cf_health_check_timeout_secs,
-	    POLLER_BODY_MAX, reg_done_cb, pw);
+	rs->rs_req = fetch_get(p, pw->pw_url, path, pw->pw_api_key,
+	    (double)p->p_cf->cf_health_check_timeout_secs, POLLER_BODY_MAX,
+	    reg_done_cb, pw);
 	if (rs->rs_req == NULL)
 		reg_failed(pw, "out of memory");
 }
 
 static bool
-reg_2xx(const struct http_client_result *res)
+reg_2xx(const struct upstream_result *res)
 {
-	return res->hr_error == HTTP_CLIENT_OK && res->hr_status >= 200 &&
-	    res->hr_status < 300;
+	return res->ur_error == UPSTREAM_OK && res->ur_status >= 200 &&
+	    res->ur_status < 300;
 }
 
 static void
-reg_describe(const struct http_client_result *res, char *buf, size_t len)
+reg_describe(const struct upstream_result *res, char *buf, size_t len)
 {
-	if (res->hr_error != HTTP_CLIENT_OK)
-		snprintf(buf, len, "%s", http_client_strerror(res->hr_error));
+	if (res->ur_error != UPSTREAM_OK)
+		snprintf(buf, len, "%s", res->ur_reason);
 	else
-		snprintf(buf, len, "status %d", res->hr_status);
+		snprintf(buf, len, "status %d", res->ur_status);
 }
 
 static void
-reg_done_cb(void *arg, const struct http_client_result *res)
+reg_done_cb(void *arg, const struct upstream_result *res)
 {
 	struct pworker *pw = arg;
 	struct register_state *rs = &pw->pw_reg;
@@ -262,8 +262,8 @@ reg_done_cb(void *arg, const struct http_client_result *res)
 		reg_get(pw, REGISTER_MODELS, "/v1/models");
 		return;
 	case REGISTER_MODELS:
-		if (reg_2xx(res) && !res->hr_truncated &&
-		    register_parse_models(res->hr_body, res->hr_body_len,
+		if (reg_2xx(res) && !res->ur_truncated &&
+		    register_parse_models(res->ur_body, res->ur_body_len,
 		        &rm) == 0) {
 			rs->rs_models_live = true;
 			reg_copy(rs->rs_model, sizeof(rs->rs_model), rm.rm_id);
@@ -283,12 +283,12 @@ reg_done_cb(void *arg, const struct http_client_result *res)
 		break;
 	case REGISTER_MODEL_INFO:
 	case REGISTER_GET_MODEL_INFO:
-		if (reg_2xx(res) && !res->hr_truncated &&
-		    register_parse_model_info(res->hr_body, res->hr_body_len,
+		if (reg_2xx(res) && !res->ur_truncated &&
+		    register_parse_model_info(res->ur_body, res->ur_body_len,
 		        rs->rs_model, sizeof(rs->rs_model)) == 0)
 			break;
 		if (rs->rs_step == REGISTER_MODEL_INFO &&
-		    res->hr_error == HTTP_CLIENT_OK && res->hr_status == 404) {
+		    res->ur_error == UPSTREAM_OK && res->ur_status == 404) {
 			reg_get(pw, REGISTER_GET_MODEL_INFO, "/get_model_info");
 			return;
 		}

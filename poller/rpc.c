@@ -318,9 +318,9 @@ rpc_parse_loads(const uint8_t *buf, size_t len, Smg__RankLoad *ranks,
 	*n = 0;
 	r = sglang__grpc__scheduler__get_loads_response__unpack(NULL, len, buf);
 	if (r == NULL)
-		return LOAD_PARSE_NOT_LOADS;
+		return LOADS_ABSENT;
 	for (i = 0; i < r->n_loads && *n < max; i++)
 		rpc_map_load(r->loads[i], &ranks[(*n)++]);
 	sglang__grpc__scheduler__get_loads_response__free_unpacked(r, NULL);
-	return *n > 0 ? LOAD_PARSE_REPORT : LOAD_PARSE_EMPTY;
+	return *n > 0 ? LOADS_REPORT : LOADS_EMPTY;
 }

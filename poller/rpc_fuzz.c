@@ -62,7 +62,7 @@ decode(const uint8_t *msg, size_t len)
 		sglang__grpc__scheduler__health_check_response__free_unpacked(h,
 		    NULL);
 	v = rpc_parse_loads(msg, len, ranks, LOAD_MAX_RANKS, &n);
-	if ((v == LOAD_PARSE_REPORT) != (n > 0) || n > LOAD_MAX_RANKS)
+	if ((v == LOADS_REPORT) != (n > 0) || n > LOAD_MAX_RANKS)
 		abort();
 	gb = smg__grpc__common__kv_event_batch__unpack(NULL, len, msg);
 	if (gb == NULL)

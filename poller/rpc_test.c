@@ -76,7 +76,7 @@ test_loads_two_ranks(void **state)
 	l1.disaggregation = &dm;
 	len = pack(&r.base, buf);
 	assert_int_equal(rpc_parse_loads(buf, len, ranks, LOAD_MAX_RANKS, &n),
-	    LOAD_PARSE_REPORT);
+	    LOADS_REPORT);
 	assert_int_equal(n, 2);
 	assert_int_equal(ranks[0].dp_rank, 0);
 	assert_int_equal(ranks[0].num_running_reqs, 3);
@@ -92,8 +92,7 @@ test_loads_two_ranks(void **state)
 	assert_true(ranks[1].cache_hit_rate == 0.75);
 	assert_true(ranks[1].gen_throughput == 123.5);
 	/* The cap keeps the first ranks. */
-	assert_int_equal(rpc_parse_loads(buf, len, ranks, 1, &n),
-	    LOAD_PARSE_REPORT);
+	assert_int_equal(rpc_parse_loads(buf, len, ranks, 1, &n), LOADS_REPORT);
 	assert_int_equal(n, 1);
 }
 
@@ -115,7 +114,7 @@ test_loads_wire_shapes(void **state)
 	(void)state;
 	assert_int_equal(
 	    rpc_parse_loads(wire, sizeof(wire), ranks, LOAD_MAX_RANKS, &n),
-	    LOAD_PARSE_REPORT);
+	    LOADS_REPORT);
 	assert_int_equal(n, 1);
 	assert_int_equal(ranks[0].dp_rank, 2);
 	assert_int_equal(ranks[0].num_waiting_uncached_tokens, 300);
@@ -123,13 +122,13 @@ test_loads_wire_shapes(void **state)
 	/* No ranks: no report this tick. */
 	assert_int_equal(
 	    rpc_parse_loads(wire + 8, 6, ranks, LOAD_MAX_RANKS, &n),
-	    LOAD_PARSE_EMPTY);
+	    LOADS_EMPTY);
 	assert_int_equal(
 	    rpc_parse_loads((const uint8_t *)"", 0, ranks, LOAD_MAX_RANKS, &n),
-	    LOAD_PARSE_EMPTY);
+	    LOADS_EMPTY);
 	assert_int_equal(
 	    rpc_parse_loads(junk, sizeof(junk), ranks, LOAD_MAX_RANKS, &n),
-	    LOAD_PARSE_NOT_LOADS);
+	    LOADS_ABSENT);
 	assert_int_equal(n, 0);
 }
 

@@ -103,7 +103,7 @@ struct config_key {
 	double ck_dmin, ck_dmax;
 	unsigned ck_flags;
 	enum key_check ck_check;
-	unsigned ck_mask; /* policies accepted by a KT_POLICY key */
+	enum policy_role ck_role; /* policies accepted by a KT_POLICY key */
 	const char *const *ck_choices; /* accepted KT_STRING values */
 	const char *ck_meta; /* value placeholder in --help */
 	const char *ck_help;
@@ -115,16 +115,10 @@ struct config_key {
 /* cf_argv sits at offset 0, so 0 can mean "no _set member". */
 _Static_assert(offsetof(struct config, cf_argv) == 0, "cf_argv first");
 
-#define OFF(m)        offsetof(struct config, m)
-#define DMIN_NONE     (-HUGE_VAL)
-#define DMAX_NONE     HUGE_VAL
-#define U32_MAX_L     ((long)UINT32_MAX)
-#define POLICY_BIT(p) (1u << (p))
-#define POLICIES_ALL  ((1u << POLICY_KIND_COUNT) - 1)
-#define POLICIES_LEG  (POLICIES_ALL & ~POLICY_BIT(POLICY_PASSTHROUGH))
-#define POLICIES_ENCODE                                                        \
-	(POLICY_BIT(POLICY_RANDOM) | POLICY_BIT(POLICY_ROUND_ROBIN) |          \
-	    POLICY_BIT(POLICY_CONSISTENT_HASHING))
+#define OFF(m)    offsetof(struct config, m)
+#define DMIN_NONE (-HUGE_VAL)
+#define DMAX_NONE HUGE_VAL
+#define U32_MAX_L ((long)UINT32_MAX)
 
 #define SECTION(title)                                                         \
 	{                                                                      \
@@ -177,10 +171,10 @@ _Static_assert(offsetof(struct config, cf_argv) == 0, "cf_argv first");
 		.ck_off = OFF(m), .ck_n_off = OFF(m##_n), .ck_def = def,       \
 		.ck_check = chk, .ck_flags = fl, .ck_meta = meta, .ck_help = h \
 	}
-#define POLV(n, m, def, mask, h)                                               \
+#define POLV(n, m, def, role, h)                                               \
 	{                                                                      \
 		.ck_name = n, .ck_type = KT_POLICY, .ck_off = OFF(m),          \
-		.ck_set_off = OFF(m##_set), .ck_def = def, .ck_mask = mask,    \
+		.ck_set_off = OFF(m##_set), .ck_def = def, .ck_role = role,    \
 		.ck_meta = "POLICY", .ck_help = h                              \
 	}
 
@@ -309,12 +303,12 @@ static const struct config_key config_keys[] = {
 	    .ck_n_off = OFF(cf_encode_n),
 	    .ck_meta = "URL [PORT|none]",
 	    .ck_help = "encode worker and its bootstrap port (repeatable)" },
-	POLV("prefill-policy", cf_prefill_policy, NULL, POLICIES_LEG,
+	POLV("prefill-policy", cf_prefill_policy, NULL, POLICY_ROLE_LEG,
 	    "policy of the prefill leg (default: --policy)"),
-	POLV("decode-policy", cf_decode_policy, NULL, POLICIES_LEG,
+	POLV("decode-policy", cf_decode_policy, NULL, POLICY_ROLE_LEG,
 	    "policy of the decode leg (default: --policy)"),
 	POLV("encode-policy", cf_encode_policy, "consistent_hashing",
-	    POLICIES_ENCODE,
+	    POLICY_ROLE_ENCODE,
 	    "policy of the encode leg: random, round_robin, "
 	    "consistent_hashing"),
 	LONGV("worker-startup-timeout-secs", NULL,
@@ -365,7 +359,7 @@ static const struct config_key config_keys[] = {
 	    .ck_type = KT_POLICY,
 	    .ck_off = OFF(cf_policy),
 	    .ck_def = "cache_aware",
-	    .ck_mask = POLICIES_ALL,
+	    .ck_role = POLICY_ROLE_ANY,
 	    .ck_meta = "POLICY",
 	    .ck_help = "random, round_robin, passthrough, cache_aware, "
 	               "power_of_two, least_load, prefix_hash, "
@@ -727,25 +721,6 @@ struct parse_state {
 	bool ps_given[CONFIG_NKEYS];
 };
 
-static const char *const policy_names[POLICY_KIND_COUNT] = {
-	[POLICY_CACHE_AWARE] = "cache_aware",
-	[POLICY_BUCKET] = "bucket",
-	[POLICY_POWER_OF_TWO] = "power_of_two",
-	[POLICY_LEAST_LOAD] = "least_load",
-	[POLICY_CONSISTENT_HASHING] = "consistent_hashing",
-	[POLICY_PREFIX_HASH] = "prefix_hash",
-	[POLICY_MANUAL] = "manual",
-	[POLICY_ROUND_ROBIN] = "round_robin",
-	[POLICY_RANDOM] = "random",
-	[POLICY_PASSTHROUGH] = "passthrough",
-};
-
-/* Order of gateway.md §2.2, used in error messages. */
-static const enum policy_kind policy_order[POLICY_KIND_COUNT] = { POLICY_RANDOM,
-	POLICY_ROUND_ROBIN, POLICY_PASSTHROUGH, POLICY_CACHE_AWARE,
-	POLICY_POWER_OF_TWO, POLICY_LEAST_LOAD, POLICY_PREFIX_HASH,
-	POLICY_CONSISTENT_HASHING, POLICY_MANUAL, POLICY_BUCKET };
-
 static const char *const assignment_names[] = {
 	[ASSIGNMENT_MODE_RANDOM] = "random",
 	[ASSIGNMENT_MODE_MIN_LOAD] = "min_load",
@@ -841,28 +816,6 @@ name_eq_loose(const char *a, const char *b)
 		a++;
 		b++;
 	}
-}
-
-const char *
-policy_kind_name(enum policy_kind kind)
-{
-	if ((unsigned)kind >= POLICY_KIND_COUNT)
-		return "unknown";
-	return policy_names[kind];
-}
-
-int
-policy_kind_parse(const char *name, enum policy_kind *out)
-{
-	size_t i;
-
-	for (i = 0; i < POLICY_KIND_COUNT; i++) {
-		if (name_eq_loose(name, policy_names[i])) {
-			*out = (enum policy_kind)i;
-			return 0;
-		}
-	}
-	return -1;
 }
 
 const char *
@@ -1215,17 +1168,18 @@ value_policy(const struct config_key *k, const char *flag, const char *val,
 	list[0] = '\0';
 	n = 0;
 	for (i = 0; i < POLICY_KIND_COUNT; i++) {
-		if ((k->ck_mask & POLICY_BIT(policy_order[i])) == 0)
+		if (!policy_info_allowed(policy_info_table[i].pi_kind,
+		        k->ck_role))
 			continue;
 		n += (size_t)snprintf(list + n, sizeof(list) - n, "%s%s",
-		    n == 0 ? "" : ", ", policy_names[policy_order[i]]);
+		    n == 0 ? "" : ", ", policy_info_table[i].pi_name);
 	}
-	known = policy_kind_parse(val, &p);
+	known = policy_info_parse(val, &p);
 	if (known == -1)
 		return cfg_err(err, errlen,
 		    "%s: unknown policy '%s' (expected one of: %s)", flag, val,
 		    list);
-	if ((k->ck_mask & POLICY_BIT(p)) == 0)
+	if (!policy_info_allowed(p, k->ck_role))
 		return cfg_err(err, errlen,
 		    "%s: policy '%s' not allowed here (expected one of: %s)",
 		    flag, val, list);

@@ -27,30 +27,7 @@
 #include <stdio.h>
 
 #include "shared/log.h"
-
-/* The ten routing policies (policies.md); values are stable. */
-enum policy_kind {
-	POLICY_CACHE_AWARE = 0,
-	POLICY_BUCKET,
-	POLICY_POWER_OF_TWO,
-	POLICY_LEAST_LOAD,
-	POLICY_CONSISTENT_HASHING,
-	POLICY_PREFIX_HASH,
-	POLICY_MANUAL,
-	POLICY_ROUND_ROBIN,
-	POLICY_RANDOM,
-	POLICY_PASSTHROUGH,
-};
-#define POLICY_KIND_COUNT 10
-
-/* Spec name of a policy ("round_robin"); "unknown" when out of range. */
-const char *policy_kind_name(enum policy_kind kind);
-/*
- * Parses a policy name, case-insensitive and underscore-insensitive
- * ("Round_Robin", "roundrobin"), as policies.md §13 lists them.
- * Returns 0 and sets *out, or -1 for an unknown name (*out untouched).
- */
-int policy_kind_parse(const char *name, enum policy_kind *out);
+#include "shared/policy_info.h"
 
 /* --assignment-mode (policies.md §7.3). */
 enum assignment_mode {

@@ -344,48 +344,9 @@ test_endpoints(void **state)
 static void
 test_policies(void **state)
 {
-	static const struct {
-		const char *name;
-		enum policy_kind kind;
-	} names[] = {
-		{ "cache_aware", POLICY_CACHE_AWARE },
-		{ "cacheaware", POLICY_CACHE_AWARE },
-		{ "CacheAware", POLICY_CACHE_AWARE },
-		{ "bucket", POLICY_BUCKET },
-		{ "power_of_two", POLICY_POWER_OF_TWO },
-		{ "poweroftwo", POLICY_POWER_OF_TWO },
-		{ "least_load", POLICY_LEAST_LOAD },
-		{ "leastload", POLICY_LEAST_LOAD },
-		{ "consistent_hashing", POLICY_CONSISTENT_HASHING },
-		{ "consistenthashing", POLICY_CONSISTENT_HASHING },
-		{ "prefix_hash", POLICY_PREFIX_HASH },
-		{ "prefixhash", POLICY_PREFIX_HASH },
-		{ "manual", POLICY_MANUAL },
-		{ "round_robin", POLICY_ROUND_ROBIN },
-		{ "Round_Robin", POLICY_ROUND_ROBIN },
-		{ "ROUNDROBIN", POLICY_ROUND_ROBIN },
-		{ "random", POLICY_RANDOM },
-		{ "passthrough", POLICY_PASSTHROUGH },
-	};
-	enum policy_kind k;
 	enum assignment_mode m;
-	size_t i;
 
 	(void)state;
-	for (i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
-		assert_int_equal(policy_kind_parse(names[i].name, &k), 0);
-		assert_int_equal(k, names[i].kind);
-	}
-	assert_int_equal(policy_kind_parse("bogus", &k), -1);
-	assert_int_equal(policy_kind_parse("", &k), -1);
-	assert_int_equal(policy_kind_parse("round-robin", &k), -1);
-	assert_string_equal(policy_kind_name(POLICY_ROUND_ROBIN),
-	    "round_robin");
-	assert_string_equal(policy_kind_name(POLICY_CACHE_AWARE),
-	    "cache_aware");
-	assert_string_equal(policy_kind_name(POLICY_PASSTHROUGH),
-	    "passthrough");
-	assert_string_equal(policy_kind_name((enum policy_kind)99), "unknown");
 	assert_int_equal(assignment_mode_parse("MinLoad", &m), 0);
 	assert_int_equal(m, ASSIGNMENT_MODE_MIN_LOAD);
 	assert_int_equal(assignment_mode_parse("delegate", &m), 0);

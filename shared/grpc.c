@@ -24,6 +24,7 @@
 
 #include "shared/log.h"
 #include "shared/tls.h"
+#include "shared/url.h"
 
 #define CH_HOST_MAX       256
 #define CH_READ_CHUNK     16384
@@ -538,52 +539,23 @@ h2_callbacks(void)
 static int
 ch_parse_url(struct grpc_channel *ch, const char *url)
 {
-	const char *p, *end, *colon;
-	size_t hl;
+	struct url u;
+	int n;
 
-	if (strncmp(url, "grpc://", 7) == 0)
-		p = url + 7;
-	else if (strncmp(url, "grpcs://", 8) == 0) {
-		p = url + 8;
+	if (url_parse(url, &u) == -1 || u.u_userinfo || u.u_rank >= 0 ||
+	    !u.u_port_set || u.u_port == 0)
+		return -1;
+	if (url_scheme_is(&u, "grpcs"))
 		ch->ch_tls_wanted = true;
-	} else
+	else if (!url_scheme_is(&u, "grpc"))
 		return -1;
-	end = p + strcspn(p, "/?#");
-	if (*p == '[') {
-		const char *rb = memchr(p, ']', (size_t)(end - p));
-
-		if (rb == NULL || rb[1] != ':')
-			return -1;
-		hl = (size_t)(rb - p - 1);
-		if (hl == 0 || hl >= sizeof(ch->ch_host))
-			return -1;
-		memcpy(ch->ch_host, p + 1, hl);
-		ch->ch_host[hl] = '\0';
-		colon = rb + 1;
-	} else {
-		colon = NULL;
-		for (const char *q = p; q < end; q++)
-			if (*q == ':')
-				colon = q;
-		if (colon == NULL)
-			return -1;
-		hl = (size_t)(colon - p);
-		if (hl == 0 || hl >= sizeof(ch->ch_host))
-			return -1;
-		memcpy(ch->ch_host, p, hl);
-		ch->ch_host[hl] = '\0';
-	}
-	hl = (size_t)(end - colon - 1);
-	if (hl == 0 || hl >= sizeof(ch->ch_port))
+	n = snprintf(ch->ch_host, sizeof(ch->ch_host), "%s", u.u_host);
+	if (n < 0 || (size_t)n >= sizeof(ch->ch_host))
 		return -1;
-	memcpy(ch->ch_port, colon + 1, hl);
-	ch->ch_port[hl] = '\0';
-	if (strspn(ch->ch_port, "0123456789") != hl || atoi(ch->ch_port) == 0 ||
-	    atoi(ch->ch_port) > 65535)
-		return -1;
-	snprintf(ch->ch_authority, sizeof(ch->ch_authority), "%.*s",
-	    (int)(end - p), p);
-	return 0;
+	snprintf(ch->ch_port, sizeof(ch->ch_port), "%u", (unsigned)u.u_port);
+	n = snprintf(ch->ch_authority, sizeof(ch->ch_authority), "%.*s",
+	    (int)u.u_authority_len, u.u_authority);
+	return n < 0 || (size_t)n >= sizeof(ch->ch_authority) ? -1 : 0;
 }
 
 struct grpc_channel *

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "shared/config.h"
+#include "shared/url.h"
 #include "shared/urlallow.h"
 
 /* One resolved address, IPv4-mapped IPv6 folded to IPv4. */
@@ -87,33 +88,15 @@ urlallow_cidr_parse(const char *s, struct urlallow_cidr *out)
 static int
 ua_split(const char *url, char *host, size_t hostlen, long *port)
 {
-	const char *rest = strstr(url, "://") + 3, *end, *h, *hend, *p;
-	size_t n;
+	struct url u;
+	int n;
 
-	end = rest + strcspn(rest, "/?#");
-	h = rest;
-	if (*h == '[') {
-		h++;
-		hend = memchr(h, ']', (size_t)(end - h));
-		p = hend + 1;
-	} else {
-		hend = memchr(h, ':', (size_t)(end - h));
-		if (hend == NULL)
-			hend = end;
-		p = hend;
-	}
-	n = (size_t)(hend - h);
-	if (n == 0 || n >= hostlen)
+	if (url_parse(url, &u) == -1)
 		return -1;
-	memcpy(host, h, n);
-	host[n] = '\0';
-	if (p < end && *p == ':')
-		*port = strtol(p + 1, NULL, 10);
-	else
-		*port = strncmp(url, "https", 5) == 0 ||
-		        strncmp(url, "grpcs", 5) == 0
-		    ? 443
-		    : 80;
+	n = snprintf(host, hostlen, "%s", u.u_host);
+	if (n <= 0 || (size_t)n >= hostlen)
+		return -1;
+	*port = u.u_port;
 	return 0;
 }
 

@@ -48,8 +48,9 @@ bench_cmp(const void *a, const void *b)
 static void
 bench_case(unsigned nworkers, size_t prompt, unsigned n)
 {
-	struct broker_startup_worker *sw;
-	struct broker_settings bs;
+	static char *argv[] = { "route-bench", NULL };
+	struct config cf, parsed;
+	char **urls, err[256];
 	struct broker *br;
 	struct ev_loop *loop = ev_default_loop(0);
 	char dir[64], run[128], state[128], cmd[160], msg[192];
@@ -63,25 +64,28 @@ bench_case(unsigned nworkers, size_t prompt, unsigned n)
 		fatal("mkdtemp");
 	snprintf(run, sizeof(run), "%s/run", dir);
 	snprintf(state, sizeof(state), "%s/state", dir);
-	sw = calloc(nworkers, sizeof(*sw));
+	urls = calloc(nworkers, sizeof(*urls));
 	for (i = 0; i < nworkers; i++) {
-		char *u = malloc(64);
-
-		snprintf(u, 64, "http://10.0.%u.%u:8000", i / 250, i % 250 + 1);
-		sw[i].sw_url = u;
-		sw[i].sw_bootstrap_port = -1;
+		urls[i] = malloc(64);
+		snprintf(urls[i], 64, "http://10.0.%u.%u:8000", i / 250,
+		    i % 250 + 1);
 	}
-	memset(&bs, 0, sizeof(bs));
-	bs.bs_state_dir = state;
-	bs.bs_run_dir = run;
-	bs.bs_policy = "cache_aware";
-	bs.bs_cb_failure_threshold = 5;
-	bs.bs_cb_success_threshold = 1;
-	bs.bs_cb_timeout_secs = 60;
-	bs.bs_disable_health_check = true;
-	bs.bs_workers = sw;
-	bs.bs_nworkers = nworkers;
-	if ((br = server_new(loop, &bs, false)) == NULL)
+	/* The command line's defaults, reports that never age. */
+	if (config_parse(&parsed, 1, argv, err, sizeof(err)) != CONFIG_OK)
+		fatalx("config_parse: %s", err);
+	cf = parsed;
+	cf.cf_state_dir = state;
+	cf.cf_run_dir = run;
+	cf.cf_policy = POLICY_CACHE_AWARE;
+	cf.cf_cb_failure_threshold = 5;
+	cf.cf_cb_success_threshold = 1;
+	cf.cf_cb_timeout_duration_secs = 60;
+	cf.cf_disable_health_check = true;
+	cf.cf_load_monitor_interval = 0;
+	cf.cf_port = 0;
+	cf.cf_worker_urls = urls;
+	cf.cf_worker_urls_n = nworkers;
+	if ((br = server_new(loop, &cf, false)) == NULL)
 		fatalx("server_new");
 
 	prefix = calloc(BENCH_CONVS, sizeof(*prefix));
@@ -141,8 +145,9 @@ bench_case(unsigned nworkers, size_t prompt, unsigned n)
 	free(text);
 	free(lat);
 	for (i = 0; i < nworkers; i++)
-		free((char *)sw[i].sw_url);
-	free(sw);
+		free(urls[i]);
+	free(urls);
+	config_free(&parsed);
 }
 
 int

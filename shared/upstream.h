@@ -1,5 +1,6 @@
 /*
- * upstream.h: requests from a frontend to workers, on pooled keep-alive
+ * upstream.h: the HTTP/1.1 client of every process (the frontend's
+ * requests to workers, the poller's probes and polls), on pooled keep-alive
  * HTTP/1.1 connections (TLS through mbedTLS for https:// workers).
  *
  * One pool per worker base URL; idle connections close after
@@ -11,13 +12,14 @@
  * Flow control: when the caller cannot take more (its client is slow) it
  * calls upstream_pause; reading the worker stops until upstream_resume.
  *
- * Every callback runs on the frontend's loop. After on_done (exactly once
- * per started request, unless cancelled) the request handle is gone.
+ * Every callback runs on the loop given to upstream_new. After on_done
+ * (exactly once per started request, unless cancelled) the request handle
+ * is gone.
  * upstream_cancel drops the connection (the engine sees the disconnect and
  * aborts the generation) and no callback runs afterwards.
  */
-#ifndef FRONTEND_UPSTREAM_H
-#define FRONTEND_UPSTREAM_H
+#ifndef SHARED_UPSTREAM_H
+#define SHARED_UPSTREAM_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -26,7 +28,7 @@
 
 #include <ev.h>
 
-struct upstream; /* all pools of one frontend */
+struct upstream; /* all pools of one process */
 struct upstream_req; /* one in-flight request */
 
 struct upstream_header {
@@ -43,6 +45,7 @@ enum upstream_error {
 	UPSTREAM_TIMEOUT, /* connect or request deadline */
 	UPSTREAM_PROTOCOL, /* unparsable response */
 	UPSTREAM_RESET_MIDSTREAM, /* closed after the head was received */
+	UPSTREAM_BAD_REQUEST, /* upstream_fetch only: could not start */
 };
 
 struct upstream_cbs {
@@ -82,7 +85,8 @@ struct upstream_config {
 struct upstream *upstream_new(struct ev_loop *loop,
     const struct upstream_config *cfg);
 /* Closes every connection; pending requests get no callbacks. Not to be
- * called from inside an upstream callback. */
+ * called from inside an upstream callback; pending fetches are cancelled
+ * by their owners first. */
 void upstream_free(struct upstream *up);
 
 /*
@@ -133,10 +137,49 @@ void upstream_pause(struct upstream_req *req);
 void upstream_resume(struct upstream_req *req);
 void upstream_cancel(struct upstream_req *req);
 
+/*
+ * A whole small response in one callback, for probes and polls: GET
+ * base_url+path with the caller's headers, bounded by timeout_secs (> 0;
+ * it replaces the request timeout of upstream_new), the body kept up to
+ * body_max bytes (beyond that the response ends there, ur_truncated set,
+ * and the connection is dropped).
+ */
+struct upstream_result {
+	enum upstream_error ur_error; /* UPSTREAM_OK: a response came */
+	/* Finer text for logs and reports ("tls handshake failed", "cannot
+	 * resolve host", ...); static. */
+	const char *ur_reason;
+	int ur_status; /* ur_error UPSTREAM_OK only */
+	const char *ur_body; /* NUL-terminated, never NULL */
+	size_t ur_body_len;
+	bool ur_truncated;
+};
+
+/* Called once, from the loop; res and its body are valid only during the
+ * call, and the fetch handle is gone once it returns. */
+typedef void (*upstream_fetch_cb)(void *arg, const struct upstream_result *res);
+
+struct upstream_fetch;
+
+/*
+ * Starts the GET. cb is never called before this returns: a request that
+ * cannot start (bad URL, path or header) fails from the loop with
+ * UPSTREAM_BAD_REQUEST. Returns NULL (logged) only when out of memory;
+ * cb is then never called.
+ */
+struct upstream_fetch *upstream_fetch(struct upstream *up, const char *base_url,
+    const char *path, const struct upstream_header *headers, size_t nheaders,
+    double timeout_secs, size_t body_max, upstream_fetch_cb cb, void *arg);
+/* Drops a pending fetch; its callback is not called. NULL: no-op. */
+void upstream_fetch_cancel(struct upstream_fetch *f);
+
+/* Static text for an error ("timeout", "connect failed", ...). */
+const char *upstream_strerror(enum upstream_error err);
+
 /* Statistics for tests and metrics. */
 unsigned upstream_idle_connections(struct upstream *up);
 /* Requests re-sent internally because a reused connection was lost
  * before any response byte, cumulative. */
 unsigned long upstream_send_retries(struct upstream *up);
 
-#endif /* FRONTEND_UPSTREAM_H */
+#endif /* SHARED_UPSTREAM_H */

@@ -1,6 +1,7 @@
 /*
- * upstream.c: pooled keep-alive HTTP/1.1 connections from a frontend to its
- * workers, plain or TLS, driven by the frontend's libev loop.
+ * upstream.c: the HTTP/1.1 client: pooled keep-alive connections to
+ * workers (and other HTTP servers), plain or TLS, driven by the caller's
+ * libev loop.
  *
  * Name resolution: a literal IPv4/IPv6 host is parsed with inet_pton and
  * never touches DNS. A host name is resolved with getaddrinfo, which blocks
@@ -34,8 +35,9 @@
 
 #include "shared/log.h"
 #include "shared/tls.h"
+#include "shared/upstream.h"
+#include "shared/url.h"
 #include "shared/xmalloc.h"
-#include "frontend/upstream.h"
 
 #ifndef container_of
 #define container_of(ptr, type, member)                                        \
@@ -145,9 +147,27 @@ struct upstream_req {
 	bool rq_cancelled;
 	bool rq_in_parse;
 	bool rq_resent;
+	const char *rq_reason; /* finer text of a failure, or NULL */
+	struct upstream_fetch *rq_fetch; /* the fetch this request serves */
 	size_t rq_rlen;
 	size_t rq_roff;
 	char rq_rbuf[UPSTREAM_READ_SIZE];
+};
+
+/* One upstream_fetch: the response collected for one callback. */
+struct upstream_fetch {
+	struct upstream *uf_up;
+	struct upstream_req *uf_req; /* NULL once ended */
+	upstream_fetch_cb uf_cb;
+	void *uf_arg;
+	ev_timer uf_fail; /* reports a request that could not start */
+	const char *uf_reason;
+	int uf_status;
+	char *uf_body;
+	size_t uf_len;
+	size_t uf_cap;
+	size_t uf_max;
+	bool uf_truncated;
 };
 
 struct upstream {
@@ -169,6 +189,7 @@ struct upstream {
 };
 
 struct up_url {
+	struct url uu_url; /* the fields below point into it */
 	bool uu_tls;
 	const char *uu_host; /* without brackets */
 	size_t uu_host_len;
@@ -180,7 +201,7 @@ struct up_url {
 	size_t uu_prefix_len;
 };
 
-static int url_parse(const char *base_url, struct up_url *u);
+static int up_url_split(const char *base_url, struct up_url *u);
 static bool token_ok(const char *s, size_t len);
 static bool field_ok(const char *s, size_t len);
 static bool path_ok(const char *path);
@@ -205,7 +226,14 @@ static char *req_build(const struct up_url *u, const char *method,
 static struct upstream_req *up_start(struct upstream *up, const char *base_url,
     const char *method, const char *path, const struct upstream_header *headers,
     size_t nheaders, const char *body, size_t body_len, bool stream,
-    uint64_t stream_len, const struct upstream_cbs *cbs, void *arg);
+    uint64_t stream_len, double timeout, const struct upstream_cbs *cbs,
+    void *arg);
+static void fetch_on_head(void *arg, int status,
+    const struct upstream_header *headers, size_t nheaders);
+static void fetch_on_body(void *arg, const char *data, size_t len);
+static void fetch_on_done(void *arg, enum upstream_error err);
+static void fetch_fail_cb(struct ev_loop *loop, ev_timer *w, int revents);
+static void fetch_deliver(struct upstream_fetch *f, enum upstream_error err);
 static void req_wnotify_cb(struct ev_loop *loop, ev_timer *w, int revents);
 static enum upstream_error req_attach(struct upstream_req *req, bool fresh);
 static void req_defer_failure(struct upstream_req *req,
@@ -343,56 +371,34 @@ up_tls_ctx(struct upstream *up)
 
 /* http://host[:port][/prefix] or https://...; no userinfo, query, fragment. */
 static int
-url_parse(const char *base_url, struct up_url *u)
+up_url_split(const char *base_url, struct up_url *u)
 {
-	struct http_parser_url pu;
-	const char *schema, *auth_end;
-	size_t len, slen, i;
+	struct url *pu = &u->uu_url;
+	size_t i;
 
 	memset(u, 0, sizeof(*u));
-	u->uu_prefix = "";
-	len = strlen(base_url);
-	http_parser_url_init(&pu);
-	if (http_parser_parse_url(base_url, len, 0, &pu) != 0)
+	if (url_parse(base_url, pu) == -1 || pu->u_userinfo ||
+	    pu->u_rank >= 0 || pu->u_query_len > 0 || pu->u_fragment)
 		return -1;
-	if (!(pu.field_set & (1 << UF_SCHEMA)) ||
-	    !(pu.field_set & (1 << UF_HOST)) ||
-	    (pu.field_set &
-	        ((1 << UF_USERINFO) | (1 << UF_QUERY) | (1 << UF_FRAGMENT))))
-		return -1;
-	schema = base_url + pu.field_data[UF_SCHEMA].off;
-	slen = pu.field_data[UF_SCHEMA].len;
-	if (slen == 4 && strncasecmp(schema, "http", 4) == 0)
+	if (url_scheme_is(pu, "http"))
 		u->uu_tls = false;
-	else if (slen == 5 && strncasecmp(schema, "https", 5) == 0)
+	else if (url_scheme_is(pu, "https"))
 		u->uu_tls = true;
 	else
 		return -1;
-	u->uu_host = base_url + pu.field_data[UF_HOST].off;
-	u->uu_host_len = pu.field_data[UF_HOST].len;
-	if (u->uu_host_len == 0 || u->uu_host_len > UPSTREAM_MAX_HOST)
+	if (pu->u_port == 0)
 		return -1;
-	u->uu_v6 = u->uu_host > base_url && u->uu_host[-1] == '[';
-	if (pu.field_set & (1 << UF_PORT)) {
-		if (pu.port == 0)
-			return -1;
-		u->uu_port = pu.port;
-	} else
-		u->uu_port = u->uu_tls ? 443 : 80;
-	/* The authority runs from after "://" to the path. */
-	u->uu_authority = schema + slen + 3;
-	if (pu.field_set & (1 << UF_PATH)) {
-		auth_end = base_url + pu.field_data[UF_PATH].off;
-		u->uu_prefix = auth_end;
-		u->uu_prefix_len = pu.field_data[UF_PATH].len;
-		while (u->uu_prefix_len > 0 &&
-		    u->uu_prefix[u->uu_prefix_len - 1] == '/')
-			u->uu_prefix_len--;
-	} else
-		auth_end = base_url + len;
-	if (auth_end <= u->uu_authority)
-		return -1;
-	u->uu_authority_len = (size_t)(auth_end - u->uu_authority);
+	u->uu_host = pu->u_host;
+	u->uu_host_len = strlen(pu->u_host);
+	u->uu_v6 = pu->u_ipv6;
+	u->uu_port = pu->u_port;
+	u->uu_authority = pu->u_authority;
+	u->uu_authority_len = pu->u_authority_len;
+	u->uu_prefix = pu->u_path;
+	u->uu_prefix_len = pu->u_path_len;
+	while (
+	    u->uu_prefix_len > 0 && u->uu_prefix[u->uu_prefix_len - 1] == '/')
+		u->uu_prefix_len--;
 	for (i = 0; i < u->uu_prefix_len; i++) {
 		if ((unsigned char)u->uu_prefix[i] <= ' ')
 			return -1;
@@ -787,7 +793,7 @@ upstream_request(struct upstream *up, const char *base_url, const char *method,
     void *arg)
 {
 	return up_start(up, base_url, method, path, headers, nheaders, body,
-	    body_len, false, 0, cbs, arg);
+	    body_len, false, 0, up->up_request_timeout, cbs, arg);
 }
 
 struct upstream_req *
@@ -797,14 +803,14 @@ upstream_request_stream(struct upstream *up, const char *base_url,
     void *arg)
 {
 	return up_start(up, base_url, method, path, headers, nheaders, NULL, 0,
-	    true, body_len, cbs, arg);
+	    true, body_len, up->up_request_timeout, cbs, arg);
 }
 
 static struct upstream_req *
 up_start(struct upstream *up, const char *base_url, const char *method,
     const char *path, const struct upstream_header *headers, size_t nheaders,
     const char *body, size_t body_len, bool stream, uint64_t stream_len,
-    const struct upstream_cbs *cbs, void *arg)
+    double timeout, const struct upstream_cbs *cbs, void *arg)
 {
 	struct upstream_req *req;
 	struct up_url u;
@@ -812,7 +818,7 @@ up_start(struct upstream *up, const char *base_url, const char *method,
 	enum upstream_error err;
 	size_t i;
 
-	if (url_parse(base_url, &u) == -1) {
+	if (up_url_split(base_url, &u) == -1) {
 		log_warnx("%s: bad worker URL \"%s\"", __func__, base_url);
 		return NULL;
 	}
@@ -853,8 +859,8 @@ up_start(struct upstream *up, const char *base_url, const char *method,
 	LIST_INSERT_HEAD(&up->up_reqs, req, rq_link);
 	ev_timer_init(&req->rq_timer, req_timer_cb, 0., 0.);
 	ev_timer_init(&req->rq_wnotify, req_wnotify_cb, 0., 0.);
-	if (up->up_request_timeout > 0) {
-		ev_timer_set(&req->rq_timer, up->up_request_timeout, 0.);
+	if (timeout > 0) {
+		ev_timer_set(&req->rq_timer, timeout, 0.);
 		ev_timer_start(up->up_loop, &req->rq_timer);
 	}
 	/* A streamed body cannot be sent twice: always a new connection,
@@ -943,10 +949,14 @@ req_attach(struct upstream_req *req, bool fresh)
 		ev_feed_event(up->up_loop, &c->cn_io, EV_WRITE);
 		return UPSTREAM_OK;
 	}
-	if (pl->pl_stale && !pl->pl_literal && pool_resolve(pl) == -1)
+	if (pl->pl_stale && !pl->pl_literal && pool_resolve(pl) == -1) {
+		req->rq_reason = "cannot resolve host";
 		return UPSTREAM_CONNECT_FAILED;
-	if (pl->pl_tls && up_tls_ctx(up) == NULL)
+	}
+	if (pl->pl_tls && up_tls_ctx(up) == NULL) {
+		req->rq_reason = "https not available";
 		return UPSTREAM_CONNECT_FAILED;
+	}
 	if ((c = calloc(1, sizeof(*c))) == NULL) {
 		log_warn("%s: calloc", __func__);
 		return UPSTREAM_CONNECT_FAILED;
@@ -1051,6 +1061,7 @@ req_connected(struct upstream_req *req)
 		c->cn_tls = tls_conn_new_client(pl->pl_up->up_tls, c->cn_fd,
 		    pl->pl_host);
 		if (c->cn_tls == NULL) {
+			req->rq_reason = "tls handshake failed";
 			req_fail(req, UPSTREAM_CONNECT_FAILED);
 			return UPS_DONE;
 		}
@@ -1081,6 +1092,7 @@ req_handshake(struct upstream_req *req)
 	default:
 		log_warnx("%s: %s: TLS handshake failed", __func__,
 		    c->cn_pool->pl_key);
+		req->rq_reason = "tls handshake failed";
 		req_fail(req, UPSTREAM_CONNECT_FAILED);
 		return UPS_DONE;
 	}
@@ -1346,6 +1358,8 @@ req_end(struct upstream_req *req, enum upstream_error err)
 	void (*on_done)(void *, enum upstream_error) = req->rq_cbs.on_done;
 	void *arg = req->rq_arg;
 
+	if (req->rq_fetch != NULL)
+		req->rq_fetch->uf_reason = req->rq_reason;
 	req_free(req);
 	if (on_done != NULL)
 		on_done(arg, err);
@@ -1650,4 +1664,164 @@ rp_on_message_complete(http_parser *p)
 	if (HTTP_PARSER_ERRNO(p) == HPE_OK)
 		http_parser_pause(p, 1);
 	return 0;
+}
+
+const char *
+upstream_strerror(enum upstream_error err)
+{
+	switch (err) {
+	case UPSTREAM_OK:
+		return "ok";
+	case UPSTREAM_CONNECT_FAILED:
+		return "connect failed";
+	case UPSTREAM_SEND_FAILED:
+		return "connection error";
+	case UPSTREAM_TIMEOUT:
+		return "timeout";
+	case UPSTREAM_PROTOCOL:
+		return "malformed response";
+	case UPSTREAM_RESET_MIDSTREAM:
+		return "connection lost mid-response";
+	case UPSTREAM_BAD_REQUEST:
+		return "bad url or request";
+	}
+	return "unknown error";
+}
+
+struct upstream_fetch *
+upstream_fetch(struct upstream *up, const char *base_url, const char *path,
+    const struct upstream_header *headers, size_t nheaders, double timeout_secs,
+    size_t body_max, upstream_fetch_cb cb, void *arg)
+{
+	static const struct upstream_cbs fetch_cbs = {
+		.on_head = fetch_on_head,
+		.on_body = fetch_on_body,
+		.on_done = fetch_on_done,
+	};
+	struct upstream_fetch *f;
+
+	if ((f = calloc(1, sizeof(*f))) == NULL) {
+		log_warn("%s: calloc", __func__);
+		return NULL;
+	}
+	f->uf_up = up;
+	f->uf_cb = cb;
+	f->uf_arg = arg;
+	f->uf_max = body_max;
+	ev_timer_init(&f->uf_fail, fetch_fail_cb, 0., 0.);
+	f->uf_req = up_start(up, base_url, "GET", path, headers, nheaders, NULL,
+	    0, false, 0, timeout_secs, &fetch_cbs, f);
+	if (f->uf_req == NULL)
+		ev_timer_start(up->up_loop, &f->uf_fail);
+	else
+		f->uf_req->rq_fetch = f;
+	return f;
+}
+
+void
+upstream_fetch_cancel(struct upstream_fetch *f)
+{
+	if (f == NULL)
+		return;
+	if (f->uf_req != NULL)
+		upstream_cancel(f->uf_req);
+	ev_timer_stop(f->uf_up->up_loop, &f->uf_fail);
+	free(f->uf_body);
+	free(f);
+}
+
+static void
+fetch_on_head(void *arg, int status, const struct upstream_header *headers,
+    size_t nheaders)
+{
+	struct upstream_fetch *f = arg;
+
+	(void)headers;
+	(void)nheaders;
+	f->uf_status = status;
+}
+
+static void
+fetch_on_body(void *arg, const char *data, size_t len)
+{
+	struct upstream_fetch *f = arg;
+	struct upstream_req *req;
+	size_t cap;
+	char *nb;
+
+	if (len > f->uf_max - f->uf_len) {
+		/* Over the cap: keep what fits, the rest is not read. */
+		len = f->uf_max - f->uf_len;
+		f->uf_truncated = true;
+	}
+	if (f->uf_len + len + 1 > f->uf_cap) {
+		cap = f->uf_cap == 0 ? 1024 : f->uf_cap;
+		while (cap < f->uf_len + len + 1)
+			cap *= 2;
+		if ((nb = realloc(f->uf_body, cap)) == NULL) {
+			log_warn("%s: realloc", __func__);
+			f->uf_reason = "out of memory";
+			req = f->uf_req;
+			f->uf_req = NULL;
+			upstream_cancel(req);
+			fetch_deliver(f, UPSTREAM_PROTOCOL);
+			return;
+		}
+		f->uf_body = nb;
+		f->uf_cap = cap;
+	}
+	memcpy(f->uf_body + f->uf_len, data, len);
+	f->uf_len += len;
+	f->uf_body[f->uf_len] = '\0';
+	if (f->uf_truncated) {
+		req = f->uf_req;
+		f->uf_req = NULL;
+		upstream_cancel(req);
+		fetch_deliver(f, UPSTREAM_OK);
+	}
+}
+
+static void
+fetch_on_done(void *arg, enum upstream_error err)
+{
+	struct upstream_fetch *f = arg;
+
+	f->uf_req = NULL;
+	fetch_deliver(f, err);
+}
+
+static void
+fetch_fail_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	struct upstream_fetch *f =
+	    container_of(w, struct upstream_fetch, uf_fail);
+
+	(void)loop;
+	(void)revents;
+	fetch_deliver(f, UPSTREAM_BAD_REQUEST);
+}
+
+/* Tells the caller once, then frees f. */
+static void
+fetch_deliver(struct upstream_fetch *f, enum upstream_error err)
+{
+	struct upstream_result res;
+
+	memset(&res, 0, sizeof(res));
+	res.ur_error = err;
+	res.ur_reason = err == UPSTREAM_OK || f->uf_reason == NULL
+	    ? upstream_strerror(err)
+	    : f->uf_reason;
+	res.ur_body = "";
+	if (err == UPSTREAM_OK) {
+		res.ur_status = f->uf_status;
+		if (f->uf_body != NULL)
+			res.ur_body = f->uf_body;
+		res.ur_body_len = f->uf_len;
+		res.ur_truncated = f->uf_truncated;
+	}
+	f->uf_cb(f->uf_arg, &res);
+	ev_timer_stop(f->uf_up->up_loop, &f->uf_fail);
+	free(f->uf_body);
+	free(f);
 }

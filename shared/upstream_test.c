@@ -22,7 +22,7 @@
 
 #include "shared/log.h"
 #include "shared/tls.h"
-#include "frontend/upstream.h"
+#include "shared/upstream.h"
 
 #ifndef container_of
 #define container_of(ptr, type, member)                                        \
@@ -1062,6 +1062,224 @@ test_https_stream_cancel(void **state)
 	srv_stop();
 }
 
+/* upstream_fetch: the whole response in one callback. */
+struct fres {
+	bool fr_done;
+	enum upstream_error fr_err;
+	char fr_reason[64];
+	int fr_status;
+	char fr_body[2048];
+	size_t fr_len;
+	bool fr_nul; /* the body came NUL-terminated */
+	bool fr_truncated;
+};
+
+static struct fres fres;
+
+static void
+fetch_cb(void *arg, const struct upstream_result *r)
+{
+	(void)arg;
+	fres.fr_done = true;
+	fres.fr_err = r->ur_error;
+	snprintf(fres.fr_reason, sizeof(fres.fr_reason), "%s", r->ur_reason);
+	fres.fr_status = r->ur_status;
+	fres.fr_len = r->ur_body_len;
+	fres.fr_nul = r->ur_body[r->ur_body_len] == '\0';
+	memcpy(fres.fr_body, r->ur_body,
+	    r->ur_body_len < sizeof(fres.fr_body) ? r->ur_body_len
+	                                          : sizeof(fres.fr_body));
+	fres.fr_truncated = r->ur_truncated;
+}
+
+static void
+never_cb(void *arg, const struct upstream_result *r)
+{
+	(void)arg;
+	(void)r;
+	fail_msg("fetch callback after cancel");
+}
+
+/* Runs one fetch to its end; returns how long it took. */
+static double
+fetch_run(struct upstream *up, const char *base, const char *path,
+    double timeout, size_t body_max)
+{
+	static const struct upstream_header h[] = {
+		{ "authorization", 13, "Bearer sekrit", 13 },
+		{ "accept", 6, "application/json", 16 },
+	};
+	double t0;
+
+	memset(&fres, 0, sizeof(fres));
+	t0 = now();
+	assert_non_null(upstream_fetch(up, base, path, h, 2, timeout, body_max,
+	    fetch_cb, NULL));
+	/* Never from inside the call, even for a bad URL. */
+	assert_false(fres.fr_done);
+	RUN_UNTIL(fres.fr_done, 5);
+	assert_true(fres.fr_done);
+	return now() - t0;
+}
+
+static void
+test_fetch(void **state)
+{
+	struct upstream *up;
+	char base[64];
+
+	(void)state;
+	srv_start(SRV_CL, false);
+	snprintf(base, sizeof(base), "http://127.0.0.1:%d", srv.ts_port);
+	assert_non_null(up = up_new(5, NULL));
+	fetch_run(up, base, "/v1/loads?x=1", 2, 4096);
+	assert_int_equal(fres.fr_err, UPSTREAM_OK);
+	assert_string_equal(fres.fr_reason, "ok");
+	assert_int_equal(fres.fr_status, 200);
+	assert_int_equal(fres.fr_len, 5);
+	assert_memory_equal(fres.fr_body, "hello", 5);
+	assert_true(fres.fr_nul);
+	assert_false(fres.fr_truncated);
+	assert_non_null(
+	    strstr(srv.ts_last_req, "GET /v1/loads?x=1 HTTP/1.1\r\n"));
+	assert_non_null(
+	    strstr(srv.ts_last_req, "authorization: Bearer sekrit\r\n"));
+	assert_null(strstr(srv.ts_last_req, "Content-Length"));
+	/* A cap the body just fits is no truncation. */
+	fetch_run(up, base, "/", 2, 5);
+	assert_int_equal(fres.fr_err, UPSTREAM_OK);
+	assert_false(fres.fr_truncated);
+	upstream_free(up);
+	srv_stop();
+
+	/* A body without length ends at EOF. */
+	srv_start(SRV_EOF_BODY, false);
+	snprintf(base, sizeof(base), "http://127.0.0.1:%d", srv.ts_port);
+	assert_non_null(up = up_new(5, NULL));
+	fetch_run(up, base, "/", 2, 4096);
+	assert_int_equal(fres.fr_err, UPSTREAM_OK);
+	assert_int_equal(fres.fr_len, 9);
+	assert_memory_equal(fres.fr_body, "until-eof", 9);
+	upstream_free(up);
+	srv_stop();
+}
+
+static void
+test_fetch_truncated(void **state)
+{
+	struct upstream *up;
+	char base[64];
+
+	(void)state;
+	srv_start(SRV_BIG, false);
+	snprintf(base, sizeof(base), "http://127.0.0.1:%d", srv.ts_port);
+	assert_non_null(up = up_new(5, NULL));
+	fetch_run(up, base, "/big", 2, 100);
+	assert_int_equal(fres.fr_err, UPSTREAM_OK);
+	assert_int_equal(fres.fr_status, 200);
+	assert_true(fres.fr_truncated);
+	assert_int_equal(fres.fr_len, 100);
+	assert_true(fres.fr_nul);
+	/* The rest is not read: the connection is dropped, not pooled. */
+	assert_int_equal(upstream_idle_connections(up), 0);
+	RUN_UNTIL(srv.ts_peer_closed == 1, 5);
+	assert_int_equal(srv.ts_peer_closed, 1);
+	upstream_free(up);
+	srv_stop();
+}
+
+static void
+test_fetch_failures(void **state)
+{
+	struct upstream *up;
+	struct upstream_fetch *f;
+	char base[64];
+	double took;
+
+	(void)state;
+	srv_start(SRV_GARBAGE, false);
+	snprintf(base, sizeof(base), "http://127.0.0.1:%d", srv.ts_port);
+	assert_non_null(up = up_new(5, NULL));
+	fetch_run(up, base, "/", 2, 4096);
+	assert_int_equal(fres.fr_err, UPSTREAM_PROTOCOL);
+	assert_string_equal(fres.fr_reason, "malformed response");
+	assert_int_equal(fres.fr_status, 0);
+	assert_int_equal(fres.fr_len, 0);
+	srv_stop();
+
+	/* The fetch's own deadline, shorter than the client's. */
+	srv_start(SRV_SILENT, false);
+	snprintf(base, sizeof(base), "http://127.0.0.1:%d", srv.ts_port);
+	took = fetch_run(up, base, "/slow", 0.3, 4096);
+	assert_int_equal(fres.fr_err, UPSTREAM_TIMEOUT);
+	assert_string_equal(fres.fr_reason, "timeout");
+	assert_true(took >= 0.25 && took < 2.0);
+	srv_stop();
+
+	/* Nothing listens there any more. */
+	fetch_run(up, base, "/", 2, 4096);
+	assert_int_equal(fres.fr_err, UPSTREAM_CONNECT_FAILED);
+	assert_string_equal(fres.fr_reason, "connect failed");
+
+	/* Requests that cannot start fail from the loop. */
+	fetch_run(up, "ftp://127.0.0.1:1", "/x", 2, 4096);
+	assert_int_equal(fres.fr_err, UPSTREAM_BAD_REQUEST);
+	fetch_run(up, "not a url", "/", 2, 4096);
+	assert_int_equal(fres.fr_err, UPSTREAM_BAD_REQUEST);
+	fetch_run(up, "http://127.0.0.1:1", "no-slash", 2, 4096);
+	assert_int_equal(fres.fr_err, UPSTREAM_BAD_REQUEST);
+	assert_string_equal(fres.fr_reason, "bad url or request");
+
+	/* Cancelled, pending or deferred: no callback, nothing leaks. */
+	f = upstream_fetch(up, "not a url", "/", NULL, 0, 0.1, 10, never_cb,
+	    NULL);
+	upstream_fetch_cancel(f);
+	srv_start(SRV_SILENT, false);
+	snprintf(base, sizeof(base), "http://127.0.0.1:%d", srv.ts_port);
+	f = upstream_fetch(up, base, "/", NULL, 0, 0.1, 10, never_cb, NULL);
+	RUN_UNTIL(srv.ts_accepts == 1, 5);
+	upstream_fetch_cancel(f);
+	upstream_fetch_cancel(NULL);
+	RUN_UNTIL(srv.ts_peer_closed == 1, 0.5);
+	assert_int_equal(srv.ts_peer_closed, 1);
+	upstream_free(up);
+	srv_stop();
+}
+
+static void
+test_fetch_https(void **state)
+{
+	struct upstream *up;
+	char base[64];
+
+	(void)state;
+	srv_start(SRV_CL, true);
+	snprintf(base, sizeof(base), "https://localhost:%d", srv.ts_port);
+	assert_non_null(up = up_new(5, "ca.crt"));
+	fetch_run(up, base, "/", 2, 4096);
+	assert_int_equal(fres.fr_err, UPSTREAM_OK);
+	assert_memory_equal(fres.fr_body, "hello", 5);
+	upstream_free(up);
+
+	/* The reason says what failed, beyond "connect failed". */
+	assert_non_null(up = up_new(5, "other.crt"));
+	fetch_run(up, base, "/", 2, 4096);
+	assert_int_equal(fres.fr_err, UPSTREAM_CONNECT_FAILED);
+	assert_string_equal(fres.fr_reason, "tls handshake failed");
+	upstream_free(up);
+	srv_stop();
+}
+
+static void
+test_strerror(void **state)
+{
+	(void)state;
+	assert_string_equal(upstream_strerror(UPSTREAM_OK), "ok");
+	assert_string_equal(upstream_strerror(UPSTREAM_TIMEOUT), "timeout");
+	assert_string_equal(upstream_strerror((enum upstream_error)99),
+	    "unknown error");
+}
+
 int
 main(void)
 {
@@ -1092,6 +1310,14 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_stream_upload_https, setup,
 		    teardown),
 		cmocka_unit_test_setup_teardown(test_https, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_fetch, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_fetch_truncated, setup,
+		    teardown),
+		cmocka_unit_test_setup_teardown(test_fetch_failures, setup,
+		    teardown),
+		cmocka_unit_test_setup_teardown(test_fetch_https, setup,
+		    teardown),
+		cmocka_unit_test(test_strerror),
 		cmocka_unit_test_setup_teardown(test_https_stream_cancel, setup,
 		    teardown),
 	};
