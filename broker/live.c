@@ -14,6 +14,8 @@
 
 #include "broker.h"
 
+#define LIVE_RATE_SAME 1.25 /* rates closer than this ratio are one */
+
 uint64_t
 live_prompt_tokens(const Smg__RouteRequest *req, uint64_t unknown)
 {
@@ -49,9 +51,20 @@ live_in_flight(struct broker *br, const struct worker *w)
 double
 live_rate(const struct worker *w)
 {
-	if (rate_known(&w->wk_rate))
-		return rate_get(&w->wk_rate, 0);
-	return w->wk_me != NULL ? w->wk_me->me_rate_prior : 0;
+	double r, med = w->wk_me != NULL ? w->wk_me->me_rate_prior : 0;
+
+	if (!rate_known(&w->wk_rate))
+		return med;
+	r = rate_get(&w->wk_rate, 0);
+	/*
+	 * Within LIVE_RATE_SAME of its model's median a worker is taken to
+	 * run at the median: the learner's noise between equal engines
+	 * would otherwise skew a balanced fleet (and at high utilisation a
+	 * small skew is a long queue); engines that really differ stay apart.
+	 */
+	if (med > 0 && r < med * LIVE_RATE_SAME && r * LIVE_RATE_SAME > med)
+		return med;
+	return r;
 }
 
 void

@@ -410,7 +410,7 @@ ca_on_report(struct policy *p, struct worker *w)
 {
 	struct cache_aware *ca = p->pl_state;
 	const struct worker_load *l = &w->wk_load;
-	struct scorer_report r;
+	struct scorer_report r = { 0 };
 
 	if (!l->wl_valid) {
 		scorer_report(ca->ca_scorer, w->wk_url_hash, NULL,
@@ -423,6 +423,7 @@ ca_on_report(struct policy *p, struct worker *w)
 	r.sr_gen_throughput = l->wl_gen_throughput;
 	r.sr_token_usage = l->wl_token_usage;
 	r.sr_pending_then = live_pending(p->pl_br, w);
+	r.sr_in_flight_then = live_in_flight(p->pl_br, w);
 	scorer_report(ca->ca_scorer, w->wk_url_hash, &r, l->wl_received_ms);
 }
 

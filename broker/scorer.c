@@ -264,6 +264,12 @@ scorer_value(const struct scorer_ctx *cx, const struct scorer_cand *c,
 		k = r->sr_token_usage;
 		if (isnan(k) || k < 0)
 			k = 0;
+		/* A report is seconds old: its KV use moves with the live
+		 * requests in flight since (who holds KV), or a worker that
+		 * was full at the last poll stays shunned while it drains. */
+		if (r->sr_in_flight_then > 0 || c->sc_in_flight > 0)
+			k *= (double)(c->sc_in_flight + 1) /
+			    (double)(r->sr_in_flight_then + 1);
 		if (k > SCORER_K_MAX)
 			k = SCORER_K_MAX;
 	}

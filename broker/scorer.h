@@ -12,7 +12,10 @@
  *             pending tokens when the report arrived; age = its age (s).
  *             The report's queue beyond what this gateway had sent there
  *             (other gateways' traffic), drained at r since.
- *   k       = fresh report ? token_usage clamped to [0, 0.999] : 0
+ *   k       = fresh report ? token_usage × (in_flight + 1) /
+ *             (in_flight_then + 1), clamped to [0, 0.999] : 0 — the
+ *             report's KV use followed live: the requests that held it
+ *             leave, new ones come, between two reports.
  *   tokens  = sc_pending + excess + sc_uncached + sc_forfeit
  *             + sc_in_flight * SCORER_INFLIGHT_TOKENS
  *   score   = tokens / r + λ · k / (1 − k)          (seconds)
@@ -68,6 +71,8 @@ struct scorer_report {
 	double sr_token_usage; /* mean over ranks, 0.0-1.0 */
 	/* This gateway's live pending tokens on the worker on arrival. */
 	uint64_t sr_pending_then;
+	/* ... and its live requests in flight there (0 when unknown). */
+	uint64_t sr_in_flight_then;
 };
 
 /* One candidate of a selection, in the caller's candidate order. */

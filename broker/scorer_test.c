@@ -52,7 +52,7 @@ static void
 report(struct scorer *s, uint64_t id, int64_t waiting, int64_t tokens,
     double tp, double k, uint64_t now)
 {
-	struct scorer_report r;
+	struct scorer_report r = { 0 };
 
 	r.sr_waiting_reqs = waiting;
 	r.sr_waiting_uncached_tokens = tokens;
@@ -137,6 +137,29 @@ test_worked_numbers(void **state)
 	scorer_free(s);
 }
 
+/* A report's KV use follows the live requests in flight since it. */
+static void
+test_kv_use_follows_live(void **state)
+{
+	struct scorer_report r = { 0 };
+	struct scorer_cand c = cand(1, 4, 0, 100, 0);
+	struct scorer *s;
+
+	(void)state;
+	s = scorer_new(NULL, test_rand);
+	r.sr_token_usage = 0.9;
+	r.sr_in_flight_then = 9;
+	scorer_report(s, 1, &r, 0);
+	/* 4 in flight now: k = 0.9 · 5 / 10 = 0.45 (plus 4 tokens / 100). */
+	assert_near(scorer_score(s, &c, 0, 0, NULL), 0.04 + 0.15 * 0.45 / 0.55,
+	    1e-9);
+	/* 19 in flight: k would pass 1: clamped at 0.999. */
+	c.sc_in_flight = 19;
+	assert_near(scorer_score(s, &c, 0, 0, NULL),
+	    0.19 + 0.15 * 0.999 / 0.001, 1e-6);
+	scorer_free(s);
+}
+
 /* Live figures only: pending and own prompt over the rate. */
 static void
 test_live_only(void **state)
@@ -176,7 +199,7 @@ static void
 test_live_and_report(void **state)
 {
 	struct scorer *s;
-	struct scorer_report r;
+	struct scorer_report r = { 0 };
 	struct scorer_cand c = cand(1, 0, 8000, 1000, 1000);
 	bool rep;
 
@@ -461,6 +484,7 @@ main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_worked_numbers),
+		cmocka_unit_test(test_kv_use_follows_live),
 		cmocka_unit_test(test_live_only),
 		cmocka_unit_test(test_live_and_report),
 		cmocka_unit_test(test_cap),

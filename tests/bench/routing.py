@@ -296,7 +296,7 @@ def variant_flags(args, variant):
     flags = ["--policy", policy, "--frontends", str(args.cores)]
     if mode != "default":
         flags += ["--load-monitor-interval", str(args.interval)]
-    return flags
+    return flags + args.smg_flag
 
 
 def worker_args(args, info, rate):
@@ -591,6 +591,10 @@ def parse_args(argv):
                     "workloads over four simworkers, one run.")
     add_build_dir(ap, "holds smg and smg-simworker")
     add_out(ap)
+    ap.add_argument("--smg-flag", action="append", default=[],
+                    help="one more smg flag (or value) for every smg-c row; "
+                    "repeat it, e.g. --smg-flag=--least-load-kv-pressure-"
+                    "weight --smg-flag=0")
     ap.add_argument("--quick", action="store_true",
                     help="smaller workloads and fewer policies (~3 min)")
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
