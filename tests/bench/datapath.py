@@ -219,8 +219,9 @@ def report(args, m, pp, res, rtt, skipped, rates, seen, died):
     L.append(f"- tools: {m['wrk']}; {m['nginx']}; {m['haproxy']}")
     L.append(f"- command: `{' '.join(args.argv)}`")
     L.append(f"- workers: 2 smg-simworker --time-scale 0; every proxy "
-             f"uses {args.cores} processes/threads (smg-c --frontends "
-             f"{args.cores}, nginx worker_processes, HAProxy nbthread); "
+             f"uses {args.cores} processes/threads (nginx "
+             f"worker_processes, HAProxy nbthread), smg-c --frontends "
+             f"{args.smg_frontends}; "
              f"wrk -t{args.threads} on the same machine")
     L.append("- w1/w2 %: share of a run's requests each worker completed "
              "(workers' /sim/stats)")
@@ -446,6 +447,8 @@ def parse_args():
     add_out(ap)
     ap.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)),
                     help="processes/threads of each proxy (default: nproc)")
+    ap.add_argument("--smg-frontends", type=int, default=None,
+                    help="smg-c --frontends (default: --cores)")
     ap.add_argument("--threads", type=int, default=2, help="wrk threads")
     ap.add_argument("--conns", type=int, default=64,
                     help="wrk connections at peak")
@@ -471,6 +474,8 @@ def parse_args():
         sys.argv[1:]
     args.build_dir = os.path.abspath(args.build_dir)
     args.build_type = build_type(args.build_dir)
+    if args.smg_frontends is None:
+        args.smg_frontends = args.cores
     args.targets = [t for t in args.targets.split(",") if t]
     for t in args.targets:
         if t not in TARGETS:
@@ -486,7 +491,7 @@ def start_targets(procs, args, tmp, workers, bodies, skipped, seen):
     if "smg-c" in args.targets:
         p, port, prom = start_smg(procs, os.path.join(b, "smg"), "smg", [
             "--policy", "round_robin",
-            "--frontends", str(args.cores), "--worker-urls", *urls,
+            "--frontends", str(args.smg_frontends), "--worker-urls", *urls,
             "--prometheus-duration-buckets", *RTT_BUCKETS,
             "--log-level", "warn"])
         ports["smg-c"] = (port, p)
