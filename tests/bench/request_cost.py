@@ -298,10 +298,16 @@ def annotate(path):
     """{"total": Ir, "funcs": [(Ir, file, function, object)]}: self cost
     of every function in a callgrind dump."""
     r = subprocess.run(["callgrind_annotate", "--threshold=100",
-                        "--inclusive=no", path], capture_output=True,
-                       text=True, timeout=300)
+                        "--inclusive=no", "--auto=no", path],
+                       capture_output=True, text=True, timeout=300)
     out = {"total": 0, "funcs": []}
+    listing = False
     for ln in r.stdout.splitlines():
+        if ln.startswith("Ir") and "file:function" in ln:
+            listing = True
+            continue
+        if not listing and "PROGRAM TOTALS" not in ln:
+            continue
         m = re.match(r"\s*([\d,]+)\s+\(\s*[\d.]+%\)\s+PROGRAM TOTALS", ln)
         if m:
             out["total"] = int(m.group(1).replace(",", ""))
