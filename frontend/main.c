@@ -124,6 +124,13 @@ main(int argc, char *argv[])
 	shm_heartbeat(fe->fe_shm, fe->fe_row);
 	stats_init();
 	hdr_init(&cf);
+	/* Routing text and parse tree only for who reads them. */
+	extract_set_lean(cf.cf_policy != POLICY_CACHE_AWARE &&
+	        cf.cf_policy != POLICY_BUCKET &&
+	        cf.cf_policy != POLICY_PREFIX_HASH &&
+	        cf.cf_model_alias_n == 0 && !cf.cf_pd_disaggregation &&
+	        !cf.cf_epd_disaggregation,
+	    fe->fe_shm);
 
 	if (cf.cf_tls_cert_path != NULL &&
 	    (fe->fe_tls = tls_ctx_new_server(cf.cf_tls_cert_path,
