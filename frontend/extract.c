@@ -56,6 +56,10 @@ struct lsize {
 #define SCAN_NUMBER_MAX 63 /* longest number cJSON 1.7.15 reads whole */
 #define SCAN_PLAIN      0
 #define SCAN_CJSON      1 /* not plain: cJSON decides */
+/* Byte-parallel tests on a 64-bit word (exact for "is there any"). */
+#define SWAR_ONES          0x0101010101010101ull
+#define SWAR_HASZERO(x)    (((x)-SWAR_ONES) & ~(x) & (SWAR_ONES * 0x80))
+#define SWAR_HASLESS(x, n) (((x)-SWAR_ONES * (n)) & ~(x) & (SWAR_ONES * 0x80))
 
 static bool extract_lean_on;
 static struct shm *extract_lean_shm;
@@ -912,6 +916,23 @@ sc_string(struct scan *sc, struct jstr *js)
 	memset(js, 0, sizeof(*js));
 	js->js_p = p;
 	while (p < end && *p != '"') {
+		/* Eight plain bytes at a time: no quote, backslash or control
+		 * byte among them; count all but UTF-8 continuation bytes. */
+		while (end - p >= 8) {
+			uint64_t x;
+
+			memcpy(&x, p, 8);
+			if (SWAR_HASZERO(x ^ SWAR_ONES * '"') ||
+			    SWAR_HASZERO(x ^ SWAR_ONES * '\\') ||
+			    SWAR_HASLESS(x, 0x20))
+				break;
+			js->js_chars += 8 -
+			    (uint64_t)__builtin_popcountll(
+			        x & ~(x << 1) & SWAR_ONES * 0x80);
+			p += 8;
+		}
+		if (p == end || *p == '"')
+			break;
 		if ((unsigned char)*p < 0x20)
 			return SCAN_CJSON;
 		if (*p != '\\') {
@@ -1338,7 +1359,7 @@ lean_inputs(enum extract_endpoint ep, const char *body, size_t len,
 	const char *ids = NULL;
 	const char *text_key;
 	struct lsize lz = { 0, false };
-	struct jstr key, js;
+	struct jstr key, js, text_js;
 	size_t keep;
 
 	memset(out, 0, sizeof(*out));
@@ -1388,8 +1409,13 @@ lean_inputs(enum extract_endpoint ep, const char *body, size_t len,
 			text = sc.sc_p;
 		else if (ids == NULL && key_is(&key, "input_ids"))
 			ids = sc.sc_p;
-		if (sc_value(&sc, 1) != SCAN_PLAIN)
+		if (sc.sc_p == text && *text == '"') {
+			/* The usual prompt: one string, scanned once. */
+			if (sc_string(&sc, &text_js) != SCAN_PLAIN)
+				return SCAN_CJSON;
+		} else if (sc_value(&sc, 1) != SCAN_PLAIN) {
 			return SCAN_CJSON;
+		}
 		sc_ws(&sc);
 		if (sc.sc_p < sc.sc_end && *sc.sc_p == ',') {
 			sc.sc_p++;
@@ -1430,7 +1456,9 @@ lean_inputs(enum extract_endpoint ep, const char *body, size_t len,
 	} else if (text != NULL && *text != 'n') {
 		if (ep == EXTRACT_EP_RERANK && *text != '"')
 			text = NULL;
-		if (text != NULL)
+		if (text != NULL && *text == '"')
+			lz_piece(&lz, &text_js, false);
+		else if (text != NULL)
 			(void)lz_strings(&sc, text, &lz);
 	}
 

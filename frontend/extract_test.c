@@ -871,9 +871,15 @@ test_lean_mutations(void **state)
 		"\"text\",\"text\":\"a b\"}]},{\"content\":\"x\","
 		"\"reasoning_content\":\"y\"}],\"model\":\"q\"}",
 		"{\"text\":[\"a\",\"\"],\"input_ids\":[[1],[2]],\"rid\":null}",
+		/* Long strings: the eight-byte scan, with special bytes
+		 * landing anywhere in a word. */
+		"{\"prompt\":\"The quick brown fox \xe2\x80\x94 jumps \xc3\xbc"
+		"ber the lazy dog, then \\\"quoted\\\" text and a tab\\t "
+		"here; more plain words to fill a few words of the scan\","
+		"\"model\":\"some-model-name\"}",
 	};
 	static const enum extract_endpoint eps[] = { EXTRACT_EP_COMPLETIONS,
-		EXTRACT_EP_CHAT, EXTRACT_EP_GENERATE };
+		EXTRACT_EP_CHAT, EXTRACT_EP_GENERATE, EXTRACT_EP_COMPLETIONS };
 	static const char alphabet[] = "{}[]\":,\\u0aT \t\x01\x80\xc3\xa9-.e";
 	const struct http_request *req;
 	char body[512];
@@ -882,8 +888,8 @@ test_lean_mutations(void **state)
 
 	(void)state;
 	req = request_with("");
-	for (i = 0; i < 30000; i++) {
-		k = i % 3;
+	for (i = 0; i < 40000; i++) {
+		k = i % 4;
 		len = strlen(seeds[k]);
 		memcpy(body, seeds[k], len);
 		for (n = 0; n < 1 + i % 3; n++) {
@@ -897,8 +903,8 @@ test_lean_mutations(void **state)
 			took++;
 	}
 	/* Both paths were exercised. */
-	assert_true(took > 3000 && took < 27000);
-	print_message("lean path took %zu of 30000 mutated bodies\n", took);
+	assert_true(took > 4000 && took < 36000);
+	print_message("lean path took %zu of 40000 mutated bodies\n", took);
 }
 
 static int

@@ -79,7 +79,7 @@ FRONTEND_STAGES = (
      r"shm|arena|log)\.c$", r""),
     ("event loop (libev)", r"libev|/ev\.c$|ev_epoll", r""),
     ("libc (malloc, memcpy, string, syscall stubs)", r"libc|ld-linux|"
-     r"vdso|libm\b|libpthread", r""),
+     r"vdso|libm\b|libpthread|^\./", r""),
 )
 BROKER_STAGES = (
     ("SP transport and IPC dispatch", r"shared/(sp|ipc)\.c$", r""),
@@ -87,7 +87,7 @@ BROKER_STAGES = (
     ("routing (policy, registry, live load, breaker)", r"broker/", r""),
     ("event loop (libev)", r"libev|/ev\.c$", r""),
     ("libc (malloc, memcpy, string, syscall stubs)", r"libc|ld-linux|"
-     r"vdso|libm\b|libpthread", r""),
+     r"vdso|libm\b|libpthread|^\./", r""),
     ("metrics and shared memory", r"shared/(metrics|shm|log)\.c$", r""),
 )
 OTHER = "other"
@@ -317,6 +317,10 @@ def annotate(path):
         if m:
             out["funcs"].append((int(m.group(1).replace(",", "")),
                                  m.group(2), m.group(3), m.group(4) or ""))
+    # A dump taken mid-run charges the whole run to the frames still on
+    # the stack (main, libc's start): those are not self cost.
+    out["funcs"] = [f for f in out["funcs"]
+                    if f[0] < 0.98 * out["total"]]
     return out
 
 
@@ -329,19 +333,25 @@ def stage_of(rules, file, func, obj):
     return OTHER
 
 
+LIBC = "libc (malloc, memcpy, string, syscall stubs)"
+
+
 def group(rules, ann):
-    """({stage: Ir}, [(Ir, function) top functions of "other"])."""
-    g, other = {}, []
+    """({stage: Ir}, top functions of "other", top functions of libc),
+    the tops as [(Ir, name)]."""
+    g, other, libc = {}, [], []
     for ir, file, func, obj in ann["funcs"]:
         s = stage_of(rules, file, func, obj)
         g[s] = g.get(s, 0) + ir
+        name = f"{func} [{os.path.basename(obj) or os.path.basename(file)}]"
         if s == OTHER:
-            other.append((ir, f"{os.path.basename(file)}:{func} "
-                              f"[{os.path.basename(obj)}]"))
+            other.append((ir, name))
+        elif s == LIBC:
+            libc.append((ir, func))
     listed = sum(g.values())
     if ann["total"] > listed:
         g[OTHER] = g.get(OTHER, 0) + ann["total"] - listed
-    return g, sorted(other, reverse=True)[:5]
+    return g, sorted(other, reverse=True)[:5], sorted(libc, reverse=True)[:6]
 
 
 def report(args, m, plain, sysc, cg):
@@ -373,7 +383,7 @@ def report(args, m, plain, sysc, cg):
             rows = []
             user, system = p[role]
             if ann and ann["total"] and n:
-                g, other = group(rules, ann)
+                g, _, _ = group(rules, ann)
                 order = []
                 for name, _, _ in rules:
                     if name not in order:
@@ -405,10 +415,15 @@ def report(args, m, plain, sysc, cg):
             L += md_table(["stage", "Ir per request", "% of Ir",
                            "µs CPU per request"], "lrrr", rows)
             if ann and ann["total"] and n:
-                _, other = group(rules, ann)
+                _, other, libc = group(rules, ann)
+                if libc:
+                    L.append("\nLargest libc functions (Ir per request): " +
+                             "; ".join(f"{f} {ir / n:.0f}"
+                                       for ir, f in libc) + ".")
                 if other:
-                    L.append("\nLargest functions in \"other\": " +
-                             "; ".join(f"{f} {ir / n:.0f} Ir"
+                    L.append("\nLargest functions in \"other\" (Ir per "
+                             "request): " +
+                             "; ".join(f"{f} {ir / n:.0f}"
                                        for ir, f in other) + ".")
             L.append("")
     return "\n".join(L) + "\n"
