@@ -218,8 +218,7 @@ decide_outcome(unsigned slot, uint32_t generation, int http_status,
 		    (DECIDE_MAX_OUTCOMES - 1) * sizeof(*decide_keys));
 		decide_noutcomes--;
 	}
-	snprintf(decide_keys[decide_noutcomes], sizeof(decide_keys[0]), "%s",
-	    key != NULL ? key : "");
+	decide_copy(decide_keys[decide_noutcomes], sizeof(decide_keys[0]), key);
 	o = &decide_outcomes[decide_noutcomes++];
 	smg__outcome__init(o);
 	o->worker_slot = slot;

@@ -926,9 +926,11 @@ sc_string(struct scan *sc, struct jstr *js)
 			    SWAR_HASZERO(x ^ SWAR_ONES * '\\') ||
 			    SWAR_HASLESS(x, 0x20))
 				break;
+			/* Continuation bytes to 0/1 per byte, summed by
+			 * the multiply into the top byte. */
 			js->js_chars += 8 -
-			    (uint64_t)__builtin_popcountll(
-			        x & ~(x << 1) & SWAR_ONES * 0x80);
+			    ((((x & ~(x << 1)) >> 7) & SWAR_ONES) * SWAR_ONES >>
+			        56);
 			p += 8;
 		}
 		if (p == end || *p == '"')

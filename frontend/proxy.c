@@ -352,8 +352,6 @@ proxy_on_body(void *arg, const char *data, size_t len)
 	struct conn *c = rq->rq_conn;
 	struct http_out *o = conn_out(c);
 	struct upstream_req *up = rq->rq_ex->ex_legs[0].xl_up;
-	char sz[24];
-	int n;
 
 	if (len == 0)
 		return;
@@ -363,12 +361,9 @@ proxy_on_body(void *arg, const char *data, size_t len)
 		proxy_hold_body(rq, data, len);
 		return;
 	}
-	if (rq->rq_chunked) {
-		n = snprintf(sz, sizeof(sz), "%zx\r\n", len);
-		http_out_append(o, sz, (size_t)n);
-		http_out_append(o, data, len);
-		http_out_append(o, "\r\n", 2);
-	} else
+	if (rq->rq_chunked)
+		http_out_chunk(o, data, len);
+	else
 		http_out_append(o, data, len);
 	/*
 	 * One write per loop turn for all the pieces of an upstream read;

@@ -280,12 +280,15 @@ void
 stats_http_response(const char *method, const char *path, int status,
     const char *error_code, double seconds)
 {
-	char labels[200], st[16];
+	char labels[200], st[HTTP_U64_DIGITS + 2];
 	const char *parts[] = { method, path, st,
 		error_code != NULL ? error_code : "" };
 	struct stats_memo *m = &stats_http_memo;
 
-	snprintf(st, sizeof(st), "%d", status);
+	if (status >= 0)
+		(void)http_fmt_u64(st, (uint64_t)status);
+	else
+		snprintf(st, sizeof(st), "%d", status);
 	if (!stats_memo_hit(m, parts, 4) || m->sm_count == NULL) {
 		/* SMG's labels: the method is on the request series only. */
 		snprintf(labels, sizeof(labels),

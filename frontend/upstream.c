@@ -32,6 +32,7 @@
 #include <http_parser.h>
 #include <xxhash.h>
 
+#include "shared/http.h"
 #include "shared/log.h"
 #include "shared/tls.h"
 #include "shared/xmalloc.h"
@@ -913,10 +914,15 @@ req_build(const struct up_url *u, const char *method, const char *path,
 	plen = strlen(path);
 	with_clen = stream || body_len > 0 ||
 	    (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0);
-	n = with_clen ? snprintf(clen, sizeof(clen), "Content-Length: %llu\r\n",
-	                    stream ? (unsigned long long)stream_len
-	                           : (unsigned long long)body_len)
-	              : 0;
+	n = 0;
+	if (with_clen) {
+		memcpy(clen, "Content-Length: ", 16);
+		n = 16 +
+		    (int)http_fmt_u64(clen + 16,
+		        stream ? (uint64_t)stream_len : (uint64_t)body_len);
+		memcpy(clen + n, "\r\n", 3);
+		n += 2;
+	}
 	clen[n] = '\0';
 	size = mlen + 1 + u->uu_prefix_len + plen + sizeof(" HTTP/1.1\r\n") +
 	    sizeof("Host: \r\n") + u->uu_authority_len + (size_t)n +
