@@ -9,7 +9,9 @@ datapath.py):
   1. plain: the Release binaries as they are; utime and stime of the
      frontend and the broker (/proc/PID/stat) over --secs seconds give
      user and system CPU per request (requests counted by the workers'
-     /sim/stats, so exact);
+     /sim/stats, so exact); --rounds passes, each on a fresh gateway,
+     medians reported; with --compare-build, that build's passes
+     alternate with these and the report compares them;
   2. strace -c on the frontend and the broker for --strace-secs: syscalls
      per request, by name;
   3. callgrind: `valgrind --tool=callgrind --trace-children=yes smg ...`;
@@ -36,6 +38,7 @@ import os
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -109,6 +112,11 @@ def parse_args():
     ap.add_argument("--cg-secs", type=int, default=20,
                     help="callgrind pass: seconds of load per workload")
     ap.add_argument("--prompt-bytes", type=int, default=1000)
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="plain passes (medians are reported)")
+    ap.add_argument("--compare-build", default=None,
+                    help="another Release build dir: its plain passes "
+                         "alternate with ours, and the report compares")
     ap.add_argument("--skip-callgrind", action="store_true")
     ap.add_argument("--keep-tmp", action="store_true")
     args = ap.parse_args()
@@ -116,6 +124,8 @@ def parse_args():
         sys.argv[1:]
     args.build_dir = os.path.abspath(args.build_dir)
     args.build_type = build_type(args.build_dir)
+    if args.compare_build:
+        args.compare_build = os.path.abspath(args.compare_build)
     args.cores = 1  # for datapath.wrk
     return args
 
@@ -168,12 +178,14 @@ def role_pids(launcher_pid, timeout=10.0):
     return roles
 
 
-def start_gateway(procs, args, workers, name, wrapper=()):
-    """smg (under wrapper, if any) on a free port; (proc, port)."""
+def start_gateway(procs, args, workers, name, wrapper=(), build_dir=None):
+    """smg of build_dir (default --build-dir; under wrapper, if any) on a
+    free port; (proc, port)."""
     urls = [f"http://127.0.0.1:{w}" for w in workers]
     port, prom = free_port(), free_port()
     argv = list(wrapper) + [
-        os.path.join(args.build_dir, "smg"), "--port", str(port),
+        os.path.join(build_dir or args.build_dir, "smg"), "--port",
+        str(port),
         "--prometheus-port", str(prom),
         "--run-dir", os.path.join(procs.tmp, f"run-{name}"),
         "--state-dir", os.path.join(procs.tmp, f"state-{name}"),
@@ -197,8 +209,11 @@ def load(procs, args, port, body_file, secs, workers):
     return r, n
 
 
-def plain_pass(procs, args, workers, bodies):
-    p, port = start_gateway(procs, args, workers, "smg-plain")
+def cpu_pass(procs, args, workers, bodies, build_dir, name):
+    """One gateway of build_dir under each workload's load for --secs:
+    {workload: {"requests", "rps", "errors", role: (user µs, system µs)
+    per request}}."""
+    p, port = start_gateway(procs, args, workers, name, build_dir=build_dir)
     pids = role_pids(p.pid)
     tck = os.sysconf("SC_CLK_TCK")
     res = {}
@@ -213,10 +228,48 @@ def plain_pass(procs, args, workers, bodies):
             u = (t1[role][0] - t0[role][0]) / tck
             s = (t1[role][1] - t0[role][1]) / tck
             e[role] = (u * 1e6 / max(n, 1), s * 1e6 / max(n, 1))
-        log(f"plain {w}: {n} requests, {e['rps']:.0f} req/s, frontend "
+        log(f"{name} {w}: {n} requests, {e['rps']:.0f} req/s, frontend "
             f"user/sys {e['frontend'][0]:.1f}/{e['frontend'][1]:.1f} µs, "
             f"broker {e['broker'][0]:.1f}/{e['broker'][1]:.1f} µs")
         res[w] = e
+    procs.stop(p)
+    return res
+
+
+def median_pass(passes):
+    """The per-figure median of several cpu_pass results."""
+    out = {}
+    for w in WORKLOADS:
+        rs = [ps[w] for ps in passes]
+        e = {"requests": sum(r["requests"] for r in rs),
+             "rps": statistics.median(r["rps"] for r in rs),
+             "errors": sum(r["errors"] if isinstance(r["errors"], int)
+                           else 0 for r in rs),
+             "rounds": rs}
+        for role in ("frontend", "broker"):
+            e[role] = (statistics.median(r[role][0] for r in rs),
+                       statistics.median(r[role][1] for r in rs))
+        out[w] = e
+    return out
+
+
+def plain_pass(procs, args, workers, bodies):
+    """--rounds CPU passes (alternating with --compare-build's when
+    given), then strace on one more gateway. Returns (median figures,
+    syscall figures, the comparison build's median figures or None)."""
+    mine, base = [], []
+    for i in range(args.rounds):
+        if args.compare_build:
+            base.append(cpu_pass(procs, args, workers, bodies,
+                                 args.compare_build, f"base-{i}"))
+        mine.append(cpu_pass(procs, args, workers, bodies, None,
+                             f"plain-{i}"))
+    res = median_pass(mine)
+    cmp = median_pass(base) if base else None
+    p, port = start_gateway(procs, args, workers, "smg-strace")
+    pids = role_pids(p.pid)
+    for w in WORKLOADS:
+        load(procs, args, port, bodies[w][0], 1, workers)  # warm-up
     # Syscalls per request: strace -c on each process, short runs.
     sys_res = {}
     for w in WORKLOADS:
@@ -242,7 +295,7 @@ def plain_pass(procs, args, workers, bodies):
             f"syscalls/request, broker "
             f"{sys_res[w]['broker']['total'] / max(n, 1):.2f}")
     procs.stop(p)
-    return res, sys_res
+    return res, sys_res, cmp
 
 
 def parse_strace(path):
@@ -354,7 +407,7 @@ def group(rules, ann):
     return g, sorted(other, reverse=True)[:5], sorted(libc, reverse=True)[:6]
 
 
-def report(args, m, plain, sysc, cg):
+def report(args, m, plain, sysc, cg, cmp=None):
     L = ["# smg-c request path: CPU per request by stage\n"]
     L.append(f"- date: {m['date']}; commit {m['commit']}")
     L.append(f"- machine: {m['nproc']} CPUs ({m['cpu']}), {m['kernel']}; "
@@ -364,17 +417,40 @@ def report(args, m, plain, sysc, cg):
     L.append(f"- command: `{' '.join(args.argv)}`")
     L.append(f"- gateway: smg --frontends 1 --policy round_robin, 2 "
              f"smg-simworker --time-scale 0; load: wrk -t{args.threads} "
-             f"-c{args.conns}; plain pass {args.secs} s per workload, "
+             f"-c{args.conns}; {args.rounds} plain passes of {args.secs} s "
+             f"per workload, "
              f"strace {args.strace_secs} s, callgrind {args.cg_secs} s")
     L.append("")
     for w in WORKLOADS:
         p = plain[w]
         L.append(f"## {datapath.WORKLOAD_TITLES[w]}\n")
-        L.append(f"Plain pass: {p['requests']} requests, {p['rps']:.0f} "
-                 f"req/s, errors {p['errors']}. CPU per request: frontend "
-                 f"{p['frontend'][0]:.1f} µs user + {p['frontend'][1]:.1f} "
-                 f"µs system, broker {p['broker'][0]:.1f} µs user + "
+        per = ", ".join(f"{r['frontend'][0]:.1f}+{r['frontend'][1]:.1f}"
+                        for r in p["rounds"])
+        L.append(f"Plain passes: {len(p['rounds'])} x {args.secs} s, "
+                 f"{p['requests']} requests, median {p['rps']:.0f} req/s, "
+                 f"errors {p['errors']}. CPU per request (medians): "
+                 f"frontend {p['frontend'][0]:.1f} µs user + "
+                 f"{p['frontend'][1]:.1f} µs system (per pass: {per}), "
+                 f"broker {p['broker'][0]:.1f} µs user + "
                  f"{p['broker'][1]:.1f} µs system.\n")
+        if cmp:
+            c = cmp[w]
+            rows = []
+            for role in ("frontend", "broker"):
+                for k, title in ((0, "user"), (1, "system")):
+                    a, b = c[role][k], p[role][k]
+                    rows.append([f"{role} {title} µs/request",
+                                 f"{a:.1f}", f"{b:.1f}",
+                                 f"{b / a:.2f}" if a else "n/a"])
+            rows.append(["req/s (median)", f"{c['rps']:.0f}",
+                         f"{p['rps']:.0f}",
+                         f"{p['rps'] / c['rps']:.2f}" if c["rps"] else
+                         "n/a"])
+            L.append(f"Against `{args.compare_build}` (passes "
+                     f"alternating, same load):\n")
+            L += md_table(["figure", "compared build", "this build",
+                           "this / compared"], "lrrr", rows)
+            L.append("")
         for role, rules in (("frontend", FRONTEND_STAGES),
                             ("broker", BROKER_STAGES)):
             c = cg.get(w, {}) if cg else {}
@@ -449,10 +525,10 @@ def main():
                 f"worker{i}", ["--time-scale", "0", "--model", MODEL,
                                "--worker-id", f"w{i}",
                                "--log-level", "warn"])[1])
-        plain, sysc = plain_pass(procs, args, workers, bodies)
+        plain, sysc, cmp = plain_pass(procs, args, workers, bodies)
         cg = None if args.skip_callgrind else \
             cg_pass(procs, args, workers, bodies)
-        text = report(args, m, plain, sysc, cg)
+        text = report(args, m, plain, sysc, cg, cmp)
         print(text)
         if args.out:
             with open(args.out, "w") as f:
