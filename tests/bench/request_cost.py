@@ -62,14 +62,14 @@ log = logger()
 # file (or object, for libraries without one) and whose function regex
 # matches the function name. Frontend and broker rules differ.
 FRONTEND_STAGES = (
-    ("connection: accept, read, HTTP parse",
+    ("connection, HTTP parsing (requests and upstream responses)",
      r"frontend/(conn|listener)\.c$", r"^(?!conn_(write|flush|relay|out|"
      r"respond|response|json|error|unqueue|linger))"),
     ("relay and write to the client", r"frontend/conn\.c$", r""),
     ("relay and write to the client", r"shared/http\.c$", r"^http_out|"
      r"out_reserve|http_status_reason|http_error_body"),
-    ("connection: accept, read, HTTP parse", r"shared/http\.c$", r""),
-    ("connection: accept, read, HTTP parse", r"http_parser|libhttp", r""),
+    ("connection, HTTP parsing (requests and upstream responses)",
+     r"shared/http\.c$|http_parser|libhttp", r""),
     ("body JSON extraction", r"frontend/extract\.c$|libcjson", r""),
     ("broker conversation (decide, SP, protobuf)",
      r"frontend/(decide|fallback)\.c$|shared/(sp|ipc)\.c$|protobuf|"
