@@ -159,6 +159,12 @@ policy_decide_model(struct broker *br, struct model_entry *me,
 	/* Same type as --policy: CLI tunables; another: built-in ones. */
 	me->me_policy =
 	    policy_new(canon, def == NULL || strcmp(def, canon) != 0);
+	/* Frontends skip the routing text when --policy reads none. */
+	if (br->br_shm != NULL &&
+	    (strcmp(canon, "cache_aware") == 0 ||
+	        strcmp(canon, "prefix_hash") == 0 ||
+	        strcmp(canon, "bucket") == 0))
+		shm_text_wanted_set(br->br_shm);
 	log_info("%s: model %s uses its own %s instance (%s settings)",
 	    __func__, me->me_name, canon,
 	    me->me_policy->pl_builtin ? "built-in" : "command-line");

@@ -17,6 +17,7 @@
 #include <cjson/cJSON.h>
 
 #include "shared/log.h"
+#include "shared/shm.h"
 #include "frontend/extract.h"
 
 /* Routing text under construction. */
@@ -27,6 +28,42 @@ struct tbuf {
 	bool tb_any; /* a piece was added (an empty one counts) */
 	bool tb_oom;
 };
+
+/*
+ * Lean extraction: a scanner over bodies that are plain JSON (RFC 8259,
+ * no NUL, at most SCAN_DEPTH deep, keys without escapes). Anything else is
+ * left to cJSON, so the answer for it stays cJSON's.
+ */
+struct scan {
+	const char *sc_p;
+	const char *sc_end;
+};
+
+/* A scanned string: the bytes between its quotes. */
+struct jstr {
+	const char *js_p;
+	size_t js_len;
+	bool js_escaped;
+	uint64_t js_chars; /* Unicode scalar values once decoded */
+};
+
+/* Size of a routing text built piece by piece, without the text. */
+struct lsize {
+	uint64_t lz_chars;
+	bool lz_any;
+};
+
+#define SCAN_DEPTH      64
+#define SCAN_NUMBER_MAX 63 /* longest number cJSON 1.7.15 reads whole */
+#define SCAN_PLAIN      0
+#define SCAN_CJSON      1 /* not plain: cJSON decides */
+/* Byte-parallel tests on a 64-bit word (exact for "is there any"). */
+#define SWAR_ONES          0x0101010101010101ull
+#define SWAR_HASZERO(x)    (((x)-SWAR_ONES) & ~(x) & (SWAR_ONES * 0x80))
+#define SWAR_HASLESS(x, n) (((x)-SWAR_ONES * (n)) & ~(x) & (SWAR_ONES * 0x80))
+
+static bool extract_lean_on;
+static struct shm *extract_lean_shm;
 
 static int tb_reserve(struct tbuf *, size_t);
 static void tb_piece(struct tbuf *, const char *, size_t, bool);
@@ -52,6 +89,21 @@ static void rid_seed(void);
 static uint64_t rid_next(void);
 static int fail(int *, const char **, char *, size_t, int, const char *,
     const char *);
+static int lean_inputs(enum extract_endpoint, const char *, size_t,
+    const struct http_request *, const char *const *, size_t, bool,
+    struct extract_inputs *);
+static void sc_ws(struct scan *);
+static int hex4(const char *, uint32_t *);
+static bool key_is(const struct jstr *, const char *);
+static int sc_string(struct scan *, struct jstr *);
+static int sc_number(struct scan *);
+static int sc_value(struct scan *, int);
+static int sc_member(struct scan *, struct jstr *);
+static char *jstr_dup(const struct jstr *);
+static void lz_piece(struct lsize *, const struct jstr *, bool);
+static int lz_strings(struct scan *, const char *, struct lsize *);
+static int lz_chat(struct scan *, const char *, struct lsize *);
+static int lz_blocks(struct scan *, const char *, struct lsize *);
 
 static const struct {
 	const char *rt_path;
@@ -137,6 +189,19 @@ extract_inputs(enum extract_endpoint ep, const char *body, size_t len,
 	struct tbuf tb = { 0 };
 	size_t i, keep;
 
+	if (extract_lean_on &&
+	    (extract_lean_shm == NULL || !shm_text_wanted(extract_lean_shm))) {
+		switch (lean_inputs(ep, body, len, req, routing_key_headers,
+		    nkeys, routing_key_override, out)) {
+		case SCAN_PLAIN:
+			return 0;
+		case -1:
+			return fail(status, code, msg, msglen, 503,
+			    "out_of_memory", "out of memory");
+		default:
+			break;
+		}
+	}
 	memset(out, 0, sizeof(*out));
 	out->ei_endpoint = ep;
 	out->ei_batch_n = 1;
@@ -266,6 +331,13 @@ oom:
 	extract_inputs_free(out);
 	return fail(status, code, msg, msglen, 503, "out_of_memory",
 	    "out of memory");
+}
+
+void
+extract_set_lean(bool on, struct shm *shm)
+{
+	extract_lean_on = on;
+	extract_lean_shm = shm;
 }
 
 int
@@ -813,6 +885,631 @@ batch_size(enum extract_endpoint ep, const cJSON *root, bool *is_batch)
 	default:
 		return 1;
 	}
+}
+
+/* ------------------------------------------------------ lean extraction */
+
+static void
+sc_ws(struct scan *sc)
+{
+	while (sc->sc_p < sc->sc_end &&
+	    (*sc->sc_p == ' ' || *sc->sc_p == '\t' || *sc->sc_p == '\n' ||
+	        *sc->sc_p == '\r'))
+		sc->sc_p++;
+}
+
+static int
+hex4(const char *p, uint32_t *v)
+{
+	int i;
+
+	*v = 0;
+	for (i = 0; i < 4; i++) {
+		*v <<= 4;
+		if (p[i] >= '0' && p[i] <= '9')
+			*v |= (uint32_t)(p[i] - '0');
+		else if (p[i] >= 'a' && p[i] <= 'f')
+			*v |= (uint32_t)(p[i] - 'a' + 10);
+		else if (p[i] >= 'A' && p[i] <= 'F')
+			*v |= (uint32_t)(p[i] - 'A' + 10);
+		else
+			return -1;
+	}
+	return 0;
+}
+
+/*
+ * A string at sc_p (the opening quote). Plain: no raw control byte, only
+ * JSON's escapes, \u never 0 (cJSON would cut the string there) and
+ * surrogates only in pairs.
+ */
+static int
+sc_string(struct scan *sc, struct jstr *js)
+{
+	const char *p = sc->sc_p + 1, *end = sc->sc_end;
+	uint32_t u, lo;
+
+	memset(js, 0, sizeof(*js));
+	js->js_p = p;
+	while (p < end && *p != '"') {
+		/* Eight plain bytes at a time: no quote, backslash or control
+		 * byte among them; count all but UTF-8 continuation bytes. */
+		while (end - p >= 8) {
+			uint64_t x;
+
+			memcpy(&x, p, 8);
+			if (SWAR_HASZERO(x ^ SWAR_ONES * '"') ||
+			    SWAR_HASZERO(x ^ SWAR_ONES * '\\') ||
+			    SWAR_HASLESS(x, 0x20))
+				break;
+			/* Continuation bytes to 0/1 per byte, summed by
+			 * the multiply into the top byte. */
+			js->js_chars += 8 -
+			    ((((x & ~(x << 1)) >> 7) & SWAR_ONES) * SWAR_ONES >>
+			        56);
+			p += 8;
+		}
+		if (p == end || *p == '"')
+			break;
+		if ((unsigned char)*p < 0x20)
+			return SCAN_CJSON;
+		if (*p != '\\') {
+			if (((unsigned char)*p & 0xc0) != 0x80)
+				js->js_chars++;
+			p++;
+			continue;
+		}
+		js->js_escaped = true;
+		if (end - p < 2)
+			return SCAN_CJSON;
+		switch (p[1]) {
+		case '"':
+		case '\\':
+		case '/':
+		case 'b':
+		case 'f':
+		case 'n':
+		case 'r':
+		case 't':
+			p += 2;
+			break;
+		case 'u':
+			if (end - p < 6 || hex4(p + 2, &u) == -1 || u == 0 ||
+			    (u >= 0xdc00 && u <= 0xdfff))
+				return SCAN_CJSON;
+			p += 6;
+			if (u >= 0xd800 && u <= 0xdbff) {
+				if (end - p < 6 || p[0] != '\\' ||
+				    p[1] != 'u' || hex4(p + 2, &lo) == -1 ||
+				    lo < 0xdc00 || lo > 0xdfff)
+					return SCAN_CJSON;
+				p += 6;
+			}
+			break;
+		default:
+			return SCAN_CJSON;
+		}
+		js->js_chars++;
+	}
+	if (p == end)
+		return SCAN_CJSON;
+	js->js_len = (size_t)(p - js->js_p);
+	sc->sc_p = p + 1;
+	return SCAN_PLAIN;
+}
+
+/* A number of RFC 8259's grammar, short enough for cJSON to read whole. */
+static int
+sc_number(struct scan *sc)
+{
+	const char *p = sc->sc_p, *end = sc->sc_end;
+
+	if (p < end && *p == '-')
+		p++;
+	if (p == end || *p < '0' || *p > '9')
+		return SCAN_CJSON;
+	if (*p == '0')
+		p++;
+	else
+		while (p < end && *p >= '0' && *p <= '9')
+			p++;
+	if (p < end && *p == '.') {
+		if (++p == end || *p < '0' || *p > '9')
+			return SCAN_CJSON;
+		while (p < end && *p >= '0' && *p <= '9')
+			p++;
+	}
+	if (p < end && (*p == 'e' || *p == 'E')) {
+		p++;
+		if (p < end && (*p == '+' || *p == '-'))
+			p++;
+		if (p == end || *p < '0' || *p > '9')
+			return SCAN_CJSON;
+		while (p < end && *p >= '0' && *p <= '9')
+			p++;
+	}
+	if (p - sc->sc_p > SCAN_NUMBER_MAX)
+		return SCAN_CJSON;
+	sc->sc_p = p;
+	return SCAN_PLAIN;
+}
+
+/* One object member's key and colon; sc_p is then at the value. */
+static int
+sc_member(struct scan *sc, struct jstr *key)
+{
+	sc_ws(sc);
+	if (sc->sc_p == sc->sc_end || *sc->sc_p != '"' ||
+	    sc_string(sc, key) != SCAN_PLAIN || key->js_escaped)
+		return SCAN_CJSON;
+	sc_ws(sc);
+	if (sc->sc_p == sc->sc_end || *sc->sc_p != ':')
+		return SCAN_CJSON;
+	sc->sc_p++;
+	sc_ws(sc);
+	return SCAN_PLAIN;
+}
+
+static bool
+key_is(const struct jstr *key, const char *name)
+{
+	return key->js_len == strlen(name) &&
+	    memcmp(key->js_p, name, key->js_len) == 0;
+}
+
+/* Skips one value at sc_p (whitespace before it already skipped). */
+static int
+sc_value(struct scan *sc, int depth)
+{
+	struct jstr js;
+	const char *p = sc->sc_p;
+	size_t left = (size_t)(sc->sc_end - p);
+	char close;
+
+	if (left == 0)
+		return SCAN_CJSON;
+	switch (*p) {
+	case '"':
+		return sc_string(sc, &js);
+	case 't':
+	case 'n':
+		if (left < 4 || memcmp(p, *p == 't' ? "true" : "null", 4) != 0)
+			return SCAN_CJSON;
+		sc->sc_p += 4;
+		return SCAN_PLAIN;
+	case 'f':
+		if (left < 5 || memcmp(p, "false", 5) != 0)
+			return SCAN_CJSON;
+		sc->sc_p += 5;
+		return SCAN_PLAIN;
+	case '[':
+	case '{':
+		break;
+	default:
+		return sc_number(sc);
+	}
+	if (depth >= SCAN_DEPTH)
+		return SCAN_CJSON;
+	close = *p == '[' ? ']' : '}';
+	sc->sc_p++;
+	sc_ws(sc);
+	if (sc->sc_p < sc->sc_end && *sc->sc_p == close) {
+		sc->sc_p++;
+		return SCAN_PLAIN;
+	}
+	for (;;) {
+		if (close == '}' && sc_member(sc, &js) != SCAN_PLAIN)
+			return SCAN_CJSON;
+		if (sc_value(sc, depth + 1) != SCAN_PLAIN)
+			return SCAN_CJSON;
+		sc_ws(sc);
+		if (sc->sc_p == sc->sc_end)
+			return SCAN_CJSON;
+		if (*sc->sc_p == close) {
+			sc->sc_p++;
+			return SCAN_PLAIN;
+		}
+		if (*sc->sc_p != ',')
+			return SCAN_CJSON;
+		sc->sc_p++;
+		sc_ws(sc);
+	}
+}
+
+/* The decoded string (escapes resolved), as cJSON's valuestring. */
+static char *
+jstr_dup(const struct jstr *js)
+{
+	const char *p = js->js_p, *end = js->js_p + js->js_len;
+	uint32_t u, lo;
+	char *out, *o;
+
+	if ((out = malloc(js->js_len + 1)) == NULL)
+		return NULL;
+	if (!js->js_escaped) {
+		memcpy(out, p, js->js_len);
+		out[js->js_len] = '\0';
+		return out;
+	}
+	/* Scanned already: every escape is whole and valid. */
+	for (o = out; p < end;) {
+		if (*p != '\\') {
+			*o++ = *p++;
+			continue;
+		}
+		switch (p[1]) {
+		case 'b':
+			*o++ = '\b';
+			break;
+		case 'f':
+			*o++ = '\f';
+			break;
+		case 'n':
+			*o++ = '\n';
+			break;
+		case 'r':
+			*o++ = '\r';
+			break;
+		case 't':
+			*o++ = '\t';
+			break;
+		case 'u':
+			(void)hex4(p + 2, &u);
+			if (u >= 0xd800 && u <= 0xdbff) {
+				(void)hex4(p + 8, &lo);
+				u = 0x10000 + ((u - 0xd800) << 10) +
+				    (lo - 0xdc00);
+				p += 6;
+			}
+			/* At most 4 bytes out for 6 or 12 in. */
+			if (u < 0x80) {
+				*o++ = (char)u;
+			} else if (u < 0x800) {
+				*o++ = (char)(0xc0 | (u >> 6));
+				*o++ = (char)(0x80 | (u & 0x3f));
+			} else if (u < 0x10000) {
+				*o++ = (char)(0xe0 | (u >> 12));
+				*o++ = (char)(0x80 | ((u >> 6) & 0x3f));
+				*o++ = (char)(0x80 | (u & 0x3f));
+			} else {
+				*o++ = (char)(0xf0 | (u >> 18));
+				*o++ = (char)(0x80 | ((u >> 12) & 0x3f));
+				*o++ = (char)(0x80 | ((u >> 6) & 0x3f));
+				*o++ = (char)(0x80 | (u & 0x3f));
+			}
+			p += 4;
+			break;
+		default: /* " \\ / */
+			*o++ = p[1];
+			break;
+		}
+		p += 2;
+	}
+	*o = '\0';
+	return out;
+}
+
+/* tb_piece's arithmetic: one separator before every piece but the first.
+ * Empty means no bytes (a lone continuation byte is a piece of 0 chars). */
+static void
+lz_piece(struct lsize *lz, const struct jstr *js, bool skip_empty)
+{
+	if (js->js_len == 0 && skip_empty)
+		return;
+	if (lz->lz_any)
+		lz->lz_chars++;
+	lz->lz_chars += js->js_chars;
+	lz->lz_any = true;
+}
+
+/* tb_string or tb_string_array on the (plain) value at v. */
+static int
+lz_strings(struct scan *sc, const char *v, struct lsize *lz)
+{
+	struct jstr js;
+
+	sc->sc_p = v;
+	if (*v == '"') {
+		(void)sc_string(sc, &js);
+		lz_piece(lz, &js, false);
+		return SCAN_PLAIN;
+	}
+	if (*v != '[')
+		return SCAN_PLAIN;
+	sc->sc_p++;
+	for (;;) {
+		sc_ws(sc);
+		if (*sc->sc_p == ']')
+			return SCAN_PLAIN;
+		if (*sc->sc_p == '"') {
+			(void)sc_string(sc, &js);
+			lz_piece(lz, &js, false);
+		} else {
+			(void)sc_value(sc, 1);
+		}
+		sc_ws(sc);
+		if (*sc->sc_p == ',')
+			sc->sc_p++;
+	}
+}
+
+/* text_blocks with the "text" type on the (plain) content value at v. */
+static int
+lz_blocks(struct scan *sc, const char *v, struct lsize *lz)
+{
+	struct jstr js, key, type;
+	const char *text;
+	bool have_type;
+
+	sc->sc_p = v;
+	if (*v == '"') {
+		(void)sc_string(sc, &js);
+		lz_piece(lz, &js, true);
+		return SCAN_PLAIN;
+	}
+	if (*v == '{')
+		return SCAN_CJSON; /* cJSON would walk its members */
+	if (*v != '[')
+		return SCAN_PLAIN;
+	sc->sc_p++;
+	for (;;) {
+		sc_ws(sc);
+		if (*sc->sc_p == ']')
+			return SCAN_PLAIN;
+		if (*sc->sc_p != '{') {
+			(void)sc_value(sc, 1);
+		} else {
+			have_type = false;
+			memset(&type, 0, sizeof(type));
+			text = NULL;
+			sc->sc_p++;
+			sc_ws(sc);
+			while (*sc->sc_p != '}') {
+				(void)sc_member(sc, &key);
+				if (!have_type && key_is(&key, "type") &&
+				    *sc->sc_p == '"') {
+					have_type = true;
+					(void)sc_string(sc, &type);
+					if (type.js_escaped)
+						return SCAN_CJSON;
+				} else {
+					if (key_is(&key, "type"))
+						have_type = true;
+					if (text == NULL &&
+					    key_is(&key, "text"))
+						text = sc->sc_p;
+					(void)sc_value(sc, 2);
+				}
+				sc_ws(sc);
+				if (*sc->sc_p == ',') {
+					sc->sc_p++;
+					sc_ws(sc);
+				}
+			}
+			sc->sc_p++;
+			/* "type" must be the string "text" (first "type" key).
+			 */
+			if (have_type && type.js_p != NULL &&
+			    type.js_len == 4 &&
+			    memcmp(type.js_p, "text", 4) == 0 && text != NULL &&
+			    *text == '"') {
+				struct scan t = { text, sc->sc_end };
+
+				(void)sc_string(&t, &js);
+				lz_piece(lz, &js, true);
+			}
+		}
+		sc_ws(sc);
+		if (*sc->sc_p == ',')
+			sc->sc_p++;
+	}
+}
+
+/* text_chat on the (plain) "messages" value at v. */
+static int
+lz_chat(struct scan *sc, const char *v, struct lsize *lz)
+{
+	struct jstr key, js;
+	const char *content, *reasoning;
+
+	sc->sc_p = v;
+	if (*v != '[')
+		return SCAN_PLAIN;
+	sc->sc_p++;
+	for (;;) {
+		sc_ws(sc);
+		if (*sc->sc_p == ']')
+			return SCAN_PLAIN;
+		if (*sc->sc_p != '{') {
+			(void)sc_value(sc, 1);
+		} else {
+			content = reasoning = NULL;
+			sc->sc_p++;
+			sc_ws(sc);
+			while (*sc->sc_p != '}') {
+				(void)sc_member(sc, &key);
+				if (content == NULL && key_is(&key, "content"))
+					content = sc->sc_p;
+				else if (reasoning == NULL &&
+				    key_is(&key, "reasoning_content"))
+					reasoning = sc->sc_p;
+				(void)sc_value(sc, 2);
+				sc_ws(sc);
+				if (*sc->sc_p == ',') {
+					sc->sc_p++;
+					sc_ws(sc);
+				}
+			}
+			sc->sc_p++;
+			if (content != NULL) {
+				struct scan c = { content, sc->sc_end };
+
+				if (lz_blocks(&c, content, lz) != SCAN_PLAIN)
+					return SCAN_CJSON;
+			}
+			if (reasoning != NULL && *reasoning == '"') {
+				struct scan r = { reasoning, sc->sc_end };
+
+				(void)sc_string(&r, &js);
+				lz_piece(lz, &js, true);
+			}
+		}
+		sc_ws(sc);
+		if (*sc->sc_p == ',')
+			sc->sc_p++;
+	}
+}
+
+/*
+ * extract_inputs without a parse tree or the routing text, for a plain
+ * body: SCAN_PLAIN with *out filled exactly as the full path would, bar
+ * ei_json and ei_text (NULL; ei_has_text and ei_size as ever) and the
+ * batch fields (1, false); SCAN_CJSON when the body is not plain or its
+ * fields need cJSON's reading (then *out is zeroed); -1 out of memory.
+ */
+static int
+lean_inputs(enum extract_endpoint ep, const char *body, size_t len,
+    const struct http_request *req, const char *const *routing_key_headers,
+    size_t nkeys, bool routing_key_override, struct extract_inputs *out)
+{
+	struct scan sc = { body, body + len };
+	const char *model = NULL, *stream = NULL, *rid = NULL, *text = NULL;
+	const char *ids = NULL;
+	const char *text_key;
+	struct lsize lz = { 0, false };
+	struct jstr key, js, text_js;
+	size_t keep;
+
+	memset(out, 0, sizeof(*out));
+	out->ei_endpoint = ep;
+	out->ei_batch_n = 1;
+	switch (ep) {
+	case EXTRACT_EP_GENERATE:
+		text_key = "text";
+		break;
+	case EXTRACT_EP_COMPLETIONS:
+		text_key = "prompt";
+		break;
+	case EXTRACT_EP_EMBEDDINGS:
+	case EXTRACT_EP_CLASSIFY:
+		text_key = "input";
+		break;
+	case EXTRACT_EP_RERANK:
+		text_key = "query";
+		break;
+	case EXTRACT_EP_CHAT:
+		text_key = "messages";
+		break;
+	case EXTRACT_EP_OTHER:
+		text_key = NULL;
+		break;
+	default:
+		return SCAN_CJSON;
+	}
+
+	/* The whole body once: plain, one object, first of each key kept. */
+	sc_ws(&sc);
+	if (sc.sc_p == sc.sc_end || *sc.sc_p != '{')
+		return SCAN_CJSON;
+	sc.sc_p++;
+	sc_ws(&sc);
+	while (sc.sc_p < sc.sc_end && *sc.sc_p != '}') {
+		if (sc_member(&sc, &key) != SCAN_PLAIN)
+			return SCAN_CJSON;
+		if (model == NULL && key_is(&key, "model"))
+			model = sc.sc_p;
+		else if (stream == NULL && key_is(&key, "stream"))
+			stream = sc.sc_p;
+		else if (rid == NULL && key_is(&key, "rid"))
+			rid = sc.sc_p;
+		else if (text == NULL && text_key != NULL &&
+		    key_is(&key, text_key))
+			text = sc.sc_p;
+		else if (ids == NULL && key_is(&key, "input_ids"))
+			ids = sc.sc_p;
+		if (sc.sc_p == text && *text == '"') {
+			/* The usual prompt: one string, scanned once. */
+			if (sc_string(&sc, &text_js) != SCAN_PLAIN)
+				return SCAN_CJSON;
+		} else if (sc_value(&sc, 1) != SCAN_PLAIN) {
+			return SCAN_CJSON;
+		}
+		sc_ws(&sc);
+		if (sc.sc_p < sc.sc_end && *sc.sc_p == ',') {
+			sc.sc_p++;
+			sc_ws(&sc);
+			if (sc.sc_p < sc.sc_end && *sc.sc_p == '}')
+				return SCAN_CJSON; /* trailing comma */
+		} else if (sc.sc_p < sc.sc_end && *sc.sc_p != '}') {
+			return SCAN_CJSON;
+		}
+	}
+	if (sc.sc_p == sc.sc_end)
+		return SCAN_CJSON;
+	sc.sc_p++;
+	sc_ws(&sc);
+	if (sc.sc_p != sc.sc_end)
+		return SCAN_CJSON;
+
+	/* Wrong types are the full path's errors (422). */
+	if ((model != NULL && *model != '"' && *model != 'n') ||
+	    (stream != NULL && *stream != 't' && *stream != 'f' &&
+	        *stream != 'n'))
+		return SCAN_CJSON;
+	if (rid != NULL && *rid == '[') {
+		sc.sc_p = rid + 1;
+		sc_ws(&sc);
+		rid = *sc.sc_p == ']' ? NULL : sc.sc_p;
+	}
+	if (rid != NULL && *rid != '"' && *rid != 'n')
+		return SCAN_CJSON;
+	/* /generate without text reads input_ids: cJSON's numbers. */
+	if (ep == EXTRACT_EP_GENERATE && (text == NULL || *text == 'n') &&
+	    ids != NULL)
+		return SCAN_CJSON;
+	if (ep == EXTRACT_EP_CHAT && text != NULL) {
+		/* A content object anywhere: let cJSON judge the body. */
+		if (lz_chat(&sc, text, &lz) != SCAN_PLAIN)
+			return SCAN_CJSON;
+	} else if (text != NULL && *text != 'n') {
+		if (ep == EXTRACT_EP_RERANK && *text != '"')
+			text = NULL;
+		if (text != NULL && *text == '"')
+			lz_piece(&lz, &text_js, false);
+		else if (text != NULL)
+			(void)lz_strings(&sc, text, &lz);
+	}
+
+	if (model != NULL && *model == '"') {
+		sc.sc_p = model;
+		(void)sc_string(&sc, &js);
+		if ((out->ei_model = jstr_dup(&js)) == NULL)
+			goto oom;
+	}
+	out->ei_stream = stream != NULL && *stream == 't';
+	if (rid != NULL && *rid == '"') {
+		sc.sc_p = rid;
+		(void)sc_string(&sc, &js);
+		if ((out->ei_rid = jstr_dup(&js)) == NULL)
+			goto oom;
+		keep = extract_strip_lineage(out->ei_rid, strlen(out->ei_rid));
+		if (routing_key_override && keep > 0 &&
+		    keep <= EXTRACT_KEY_MAX &&
+		    (out->ei_rid_key = dup_n(out->ei_rid, keep)) == NULL)
+			goto oom;
+	}
+	if (read_headers(req, routing_key_headers, nkeys, out) == -1)
+		goto oom;
+	if (out->ei_has_tokens) {
+		out->ei_size = out->ei_ntokens;
+	} else if (lz.lz_any) {
+		out->ei_has_text = true;
+		out->ei_size = lz.lz_chars;
+	}
+	return SCAN_PLAIN;
+oom:
+	extract_inputs_free(out);
+	return -1;
 }
 
 /* ------------------------------------------------------------- headers */

@@ -105,6 +105,22 @@ int extract_inputs(enum extract_endpoint ep, const char *body, size_t len,
     size_t nkeys, bool routing_key_override, struct extract_inputs *out,
     int *status, const char **code, char *msg, size_t msglen);
 
+struct shm;
+
+/*
+ * Lean extraction, for a frontend whose policy reads no routing text
+ * (policies.md §1.6: only cache_aware, bucket and prefix_hash do) and that
+ * rewrites no body (no --model-alias, no PD): with on, extract_inputs reads
+ * a plain JSON body (RFC 8259, no NUL, nesting at most 64) with a scanner,
+ * not cJSON, and fills *out as it would otherwise, except ei_json and
+ * ei_text, which stay NULL (ei_has_text and ei_size are as ever), and
+ * ei_batch_n/ei_is_batch (1, false). Any other body, and /v1/messages and
+ * /v1/responses, take the full path, so errors are the same. While shm
+ * says some model's policy wants the text (shm_text_wanted), every body
+ * takes the full path. Off by default; call before serving.
+ */
+void extract_set_lean(bool on, struct shm *shm);
+
 /* Header-only inputs for a body streamed unparsed (gateway.md §6.4): tokens
  * from the header, routing key, target worker, implicit key; no model, text
  * or rid. Returns 0, or -1 when out of memory (*out zeroed). */

@@ -693,6 +693,230 @@ test_request_id(void **state)
 	assert_string_equal(out, "ms");
 }
 
+/* ------------------------------------------------- lean vs full path */
+
+struct result {
+	int rv, status;
+	const char *code;
+	struct extract_inputs in;
+};
+
+static void
+run_one(bool lean, enum extract_endpoint ep, const char *body, size_t len,
+    const struct http_request *req, bool override, struct result *r)
+{
+	char msg[128];
+
+	memset(r, 0, sizeof(*r));
+	extract_set_lean(lean, NULL);
+	r->rv = extract_inputs(ep, body, len, req, default_keys, 1, override,
+	    &r->in, &r->status, &r->code, msg, sizeof(msg));
+	extract_set_lean(false, NULL);
+}
+
+static void
+same_str(const char *a, const char *b, const char *what, const char *body)
+{
+	if ((a == NULL) != (b == NULL) || (a != NULL && strcmp(a, b) != 0))
+		fail_msg("%s differs (full '%s', lean '%s') for %s", what,
+		    a ? a : "(null)", b ? b : "(null)", body);
+}
+
+/*
+ * Both paths on one body: the same answer, field by field. Returns whether
+ * the lean path took the body itself (no parse tree).
+ */
+static bool
+same_inputs(enum extract_endpoint ep, const char *body, size_t len,
+    const struct http_request *req, bool override)
+{
+	struct result f, l;
+	bool took;
+
+	run_one(false, ep, body, len, req, override, &f);
+	run_one(true, ep, body, len, req, override, &l);
+	if (f.rv != l.rv || f.status != l.status ||
+	    (f.rv != 0 && strcmp(f.code, l.code) != 0))
+		fail_msg("outcome differs (full %d %d, lean %d %d) for %.*s",
+		    f.rv, f.status, l.rv, l.status, (int)len, body);
+	took = l.rv == 0 && l.in.ei_json == NULL;
+	if (f.rv == 0) {
+		same_str(f.in.ei_model, l.in.ei_model, "model", body);
+		same_str(f.in.ei_rid, l.in.ei_rid, "rid", body);
+		same_str(f.in.ei_rid_key, l.in.ei_rid_key, "rid key", body);
+		same_str(f.in.ei_routing_key, l.in.ei_routing_key,
+		    "routing key", body);
+		if (f.in.ei_stream != l.in.ei_stream ||
+		    f.in.ei_has_text != l.in.ei_has_text ||
+		    f.in.ei_size != l.in.ei_size ||
+		    f.in.ei_has_tokens != l.in.ei_has_tokens ||
+		    f.in.ei_ntokens != l.in.ei_ntokens)
+			fail_msg("stream/text/size/tokens differ (full %d %d "
+			         "%llu %d, lean %d %d %llu %d) for %.*s",
+			    f.in.ei_stream, f.in.ei_has_text,
+			    (unsigned long long)f.in.ei_size,
+			    f.in.ei_has_tokens, l.in.ei_stream,
+			    l.in.ei_has_text, (unsigned long long)l.in.ei_size,
+			    l.in.ei_has_tokens, (int)len, body);
+		if (!took) {
+			same_str(f.in.ei_text, l.in.ei_text, "text", body);
+			assert_int_equal(f.in.ei_batch_n, l.in.ei_batch_n);
+		} else {
+			assert_null(l.in.ei_text);
+		}
+	}
+	extract_inputs_free(&f.in);
+	extract_inputs_free(&l.in);
+	return took;
+}
+
+static const struct {
+	enum extract_endpoint ep;
+	const char *body;
+	bool lean; /* the lean path answers it itself */
+} lean_cases[] = {
+	{ EXTRACT_EP_COMPLETIONS,
+	    "{\"model\":\"m\",\"prompt\":\"hello "
+	    "w\\u00f6rld\",\"max_tokens\":8}",
+	    true },
+	{ EXTRACT_EP_COMPLETIONS,
+	    " {\"prompt\":[\"a\",\"\",3,\"b\\ud83d\\ude00\"],\"stream\":true,"
+	    "\"x\":[1.5e-3,-0,{\"y\":null},[true,false]]}\r\n",
+	    true },
+	{ EXTRACT_EP_COMPLETIONS,
+	    "{\"prompt\":\"a\",\"prompt\":\"bbbb\",\"model\":null,\"model\":1}",
+	    true },
+	{ EXTRACT_EP_COMPLETIONS, "{\"prompt\":{\"a\":\"b\"}}", true },
+	{ EXTRACT_EP_COMPLETIONS, "{}", true },
+	{ EXTRACT_EP_COMPLETIONS, "{\"model\":\"m\\/\\\"q\\\"\\n\"}", true },
+	{ EXTRACT_EP_COMPLETIONS, "{\"rid\":\"conv_t2_r1\"}", true },
+	{ EXTRACT_EP_COMPLETIONS, "{\"rid\":[\"abc_r3\",\"x\"]}", true },
+	{ EXTRACT_EP_COMPLETIONS, "{\"rid\":[]}", true },
+	{ EXTRACT_EP_COMPLETIONS, "{\"rid\":[null]}", true },
+	{ EXTRACT_EP_COMPLETIONS, "{\"rid\":[1]}", false },
+	{ EXTRACT_EP_COMPLETIONS, "{\"rid\":5}", false },
+	{ EXTRACT_EP_COMPLETIONS, "{\"model\":5}", false },
+	{ EXTRACT_EP_COMPLETIONS, "{\"stream\":\"yes\"}", false },
+	{ EXTRACT_EP_COMPLETIONS, "{\"stream\":null,\"stream\":true}", true },
+	{ EXTRACT_EP_COMPLETIONS, "{\"prompt\":\"a\\u0000b\"}", false },
+	{ EXTRACT_EP_COMPLETIONS, "{\"prompt\":\"a\\ud800\"}", false },
+	{ EXTRACT_EP_COMPLETIONS, "{\"prompt\":\"a\\q\"}", false },
+	{ EXTRACT_EP_COMPLETIONS, "{\"prompt\":\"a\tb\"}", false },
+	{ EXTRACT_EP_COMPLETIONS, "{\"pro\\u006dpt\":\"a\"}", false },
+	{ EXTRACT_EP_COMPLETIONS, "\xef\xbb\xbf{\"prompt\":\"a\"}", false },
+	{ EXTRACT_EP_COMPLETIONS, "{\"a\":01}", false },
+	{ EXTRACT_EP_COMPLETIONS, "{\"a\":1.}", false },
+	{ EXTRACT_EP_COMPLETIONS, "{\"a\":[1,]}", false },
+	{ EXTRACT_EP_COMPLETIONS, "{\"a\":1,}", false },
+	{ EXTRACT_EP_COMPLETIONS, "{\"a\":1} x", false },
+	{ EXTRACT_EP_COMPLETIONS, "[1,2]", false },
+	{ EXTRACT_EP_COMPLETIONS, "", false },
+	{ EXTRACT_EP_COMPLETIONS, "{\"a\":tru}", false },
+	{ EXTRACT_EP_COMPLETIONS,
+	    "{\"a\":1234567890123456789012345678901234567890123456789012345678"
+	    "901234}",
+	    false },
+	{ EXTRACT_EP_CHAT,
+	    "{\"model\":\"m\",\"messages\":[{\"role\":\"system\",\"content\":"
+	    "\"be nice\"},{\"role\":\"user\",\"content\":[{\"type\":\"text\","
+	    "\"text\":\"hi\"},{\"type\":\"image_url\",\"image_url\":{}},"
+	    "{\"text\":\"no type\"},{\"type\":\"text\",\"text\":\"\"},"
+	    "{\"type\":\"text\",\"text\":\"there\",\"text\":\"x\"}]},"
+	    "{\"role\":\"assistant\",\"content\":\"\",\"reasoning_content\":"
+	    "\"think\"},3,{\"content\":null}],\"n\":2}",
+	    true },
+	{ EXTRACT_EP_CHAT,
+	    "{\"messages\":[{\"content\":[{\"type\":5,\"type\":\"text\","
+	    "\"text\":\"a\"},{\"type\":\"text\",\"text\":7}]}]}",
+	    true },
+	{ EXTRACT_EP_CHAT, "{\"messages\":[{\"content\":{\"a\":\"b\"}}]}",
+	    false },
+	{ EXTRACT_EP_CHAT, "{\"messages\":{\"content\":\"x\"}}", true },
+	{ EXTRACT_EP_GENERATE, "{\"text\":\"abc\",\"input_ids\":[1,2]}", true },
+	{ EXTRACT_EP_GENERATE, "{\"text\":[\"a\",\"b\"]}", true },
+	{ EXTRACT_EP_GENERATE, "{\"input_ids\":[1,2,3]}", false },
+	{ EXTRACT_EP_GENERATE, "{\"text\":null,\"sampling_params\":{}}", true },
+	{ EXTRACT_EP_EMBEDDINGS, "{\"input\":[\"x\",[1],\"yy\"]}", true },
+	{ EXTRACT_EP_CLASSIFY, "{\"input\":\"abc\"}", true },
+	{ EXTRACT_EP_RERANK, "{\"query\":\"q\",\"documents\":[\"a\"]}", true },
+	{ EXTRACT_EP_RERANK, "{\"query\":[\"q\"]}", true },
+	{ EXTRACT_EP_MESSAGES, "{\"messages\":[]}", false },
+	{ EXTRACT_EP_RESPONSES, "{\"input\":\"x\"}", false },
+};
+
+static void
+test_lean_same_as_full(void **state)
+{
+	const struct http_request *req;
+	size_t i;
+	bool took;
+
+	(void)state;
+	req = request_with("");
+	for (i = 0; i < sizeof(lean_cases) / sizeof(lean_cases[0]); i++) {
+		took = same_inputs(lean_cases[i].ep, lean_cases[i].body,
+		    strlen(lean_cases[i].body), req, true);
+		if (took != lean_cases[i].lean)
+			fail_msg("case %zu: lean path %s it: %s", i,
+			    took ? "took" : "did not take", lean_cases[i].body);
+	}
+	/* Header tokens win over text on both paths. */
+	req = request_with("X-SMG-Routing-Tokens: 1,2,3\r\n"
+	                   "X-SMG-Routing-Key: k\r\n");
+	assert_true(same_inputs(EXTRACT_EP_COMPLETIONS,
+	    "{\"prompt\":\"abcdef\"}", 19, req, false));
+	assert_true(
+	    same_inputs(EXTRACT_EP_GENERATE,
+	        "{\"input_ids\":null,\"text\":null}", 30, req, false) == false);
+}
+
+/* Mutated bodies (bytes replaced, cut short): never a different answer. */
+static void
+test_lean_mutations(void **state)
+{
+	static const char *const seeds[] = {
+		"{\"model\":\"m\",\"prompt\":\"h\\u00e9llo \\ud83d\\ude00\","
+		"\"stream\":true,\"rid\":[\"r_t1_r2\"],\"n\":-1.5e+3}",
+		"{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":"
+		"\"text\",\"text\":\"a b\"}]},{\"content\":\"x\","
+		"\"reasoning_content\":\"y\"}],\"model\":\"q\"}",
+		"{\"text\":[\"a\",\"\"],\"input_ids\":[[1],[2]],\"rid\":null}",
+		/* Long strings: the eight-byte scan, with special bytes
+		 * landing anywhere in a word. */
+		"{\"prompt\":\"The quick brown fox \xe2\x80\x94 jumps \xc3\xbc"
+		"ber the lazy dog, then \\\"quoted\\\" text and a tab\\t "
+		"here; more plain words to fill a few words of the scan\","
+		"\"model\":\"some-model-name\"}",
+	};
+	static const enum extract_endpoint eps[] = { EXTRACT_EP_COMPLETIONS,
+		EXTRACT_EP_CHAT, EXTRACT_EP_GENERATE, EXTRACT_EP_COMPLETIONS };
+	static const char alphabet[] = "{}[]\":,\\u0aT \t\x01\x80\xc3\xa9-.e";
+	const struct http_request *req;
+	char body[512];
+	uint64_t x = 42;
+	size_t i, k, len, n, took = 0;
+
+	(void)state;
+	req = request_with("");
+	for (i = 0; i < 40000; i++) {
+		k = i % 4;
+		len = strlen(seeds[k]);
+		memcpy(body, seeds[k], len);
+		for (n = 0; n < 1 + i % 3; n++) {
+			x = x * 6364136223846793005ull + 1442695040888963407ull;
+			body[(x >> 33) % len] =
+			    alphabet[(x >> 17) % (sizeof(alphabet) - 1)];
+		}
+		if (i % 7 == 0)
+			len = (size_t)((x >> 40) % len);
+		if (same_inputs(eps[k], body, len, req, i % 2 == 0))
+			took++;
+	}
+	/* Both paths were exercised. */
+	assert_true(took > 4000 && took < 36000);
+	print_message("lean path took %zu of 40000 mutated bodies\n", took);
+}
+
 static int
 teardown(void **state)
 {
@@ -721,6 +945,8 @@ main(void)
 		cmocka_unit_test(test_target_and_implicit),
 		cmocka_unit_test(test_body_errors),
 		cmocka_unit_test(test_request_id),
+		cmocka_unit_test(test_lean_same_as_full),
+		cmocka_unit_test(test_lean_mutations),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, teardown);

@@ -391,7 +391,8 @@ hdr_set_length(struct upstream_header *h, size_t n, char *buf, size_t buflen,
 		if (!(h[i].uh_name_len == 14 &&
 		        strncasecmp(h[i].uh_name, "content-length", 14) == 0))
 			h[k++] = h[i];
-	w = snprintf(buf, buflen, "%zu", len);
+	w = buflen > HTTP_U64_DIGITS ? (int)http_fmt_u64(buf, len)
+	                             : snprintf(buf, buflen, "%zu", len);
 	h[k].uh_name = "content-length";
 	h[k].uh_name_len = 14;
 	h[k].uh_value = buf;

@@ -19,6 +19,7 @@
 #include "shared/fdlimit.h"
 #include "shared/ipc.h"
 #include "shared/log.h"
+#include "shared/policy_info.h"
 #include "shared/logsetup.h"
 #include "shared/portlock.h"
 #include "shared/sighup.h"
@@ -142,6 +143,12 @@ main(int argc, char *argv[])
 	hdr_init(&cf);
 	auth_init();
 	tenant_init();
+	/* Routing text and parse tree only for who reads them. */
+	extract_set_lean(!policy_info_of(cf.cf_policy)->pi_needs_text &&
+	        cf.cf_policy != POLICY_PREFIX_HASH &&
+	        cf.cf_model_alias_n == 0 && !cf.cf_pd_disaggregation &&
+	        !cf.cf_epd_disaggregation,
+	    fe->fe_shm);
 
 	if (cf.cf_tls_cert_path != NULL &&
 	    (fe->fe_tls = tls_ctx_new_server(cf.cf_tls_cert_path,

@@ -317,8 +317,13 @@ proxy_resolved_model(struct req *rq, const struct decision *d)
 	cJSON *m;
 	char *s;
 
-	if (d->dc_resolved[0] == '\0' || in->ei_json == NULL ||
-	    rq->rq_stream_body)
+	if (d->dc_resolved[0] == '\0' || rq->rq_stream_body)
+		return 0;
+	/* A lean extraction kept no tree: the body is parsed now, for the
+	 * rare request naming a worker's alias. */
+	if (in->ei_json == NULL &&
+	    (in->ei_json = cJSON_ParseWithLength(rq->rq_body,
+	         rq->rq_body_len)) == NULL)
 		return 0;
 	m = cJSON_GetObjectItemCaseSensitive(in->ei_json, "model");
 	if (cJSON_IsString(m) && strcmp(m->valuestring, d->dc_resolved) == 0)
@@ -432,8 +437,6 @@ proxy_on_body(void *arg, const char *data, size_t len)
 	struct conn *c = rq->rq_conn;
 	struct http_out *o = conn_out(c);
 	struct upstream_req *up = rq->rq_ex->ex_legs[0].xl_up;
-	char sz[24];
-	int n;
 
 	if (len == 0)
 		return;
@@ -443,12 +446,9 @@ proxy_on_body(void *arg, const char *data, size_t len)
 		proxy_hold_body(rq, data, len);
 		return;
 	}
-	if (rq->rq_chunked) {
-		n = snprintf(sz, sizeof(sz), "%zx\r\n", len);
-		http_out_append(o, sz, (size_t)n);
-		http_out_append(o, data, len);
-		http_out_append(o, "\r\n", 2);
-	} else
+	if (rq->rq_chunked)
+		http_out_chunk(o, data, len);
+	else
 		http_out_append(o, data, len);
 	/*
 	 * One write per loop turn for all the pieces of an upstream read;

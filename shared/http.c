@@ -877,18 +877,70 @@ http_out_append(struct http_out *o, const void *data, size_t len)
 }
 
 int
+http_out_chunk(struct http_out *o, const void *data, size_t len)
+{
+	static const char hex[] = "0123456789abcdef";
+	char head[2 * sizeof(size_t) + 2], *p = head + sizeof(head);
+	size_t v = len, hl;
+
+	*--p = '\n';
+	*--p = '\r';
+	do {
+		*--p = hex[v & 0xf];
+		v >>= 4;
+	} while (v != 0);
+	hl = (size_t)(head + sizeof(head) - p);
+	if (len > SIZE_MAX - hl - 2 || out_reserve(o, hl + len + 2) == -1) {
+		o->ho_failed = true;
+		return -1;
+	}
+	memcpy(o->ho_buf + o->ho_len, p, hl);
+	memcpy(o->ho_buf + o->ho_len + hl, data, len);
+	memcpy(o->ho_buf + o->ho_len + hl + len, "\r\n", 2);
+	o->ho_len += hl + len + 2;
+	o->ho_buf[o->ho_len] = '\0';
+	return 0;
+}
+
+size_t
+http_fmt_u64(char *buf, uint64_t v)
+{
+	char tmp[HTTP_U64_DIGITS], *p = tmp + sizeof(tmp);
+	size_t n;
+
+	do {
+		*--p = (char)('0' + v % 10);
+		v /= 10;
+	} while (v != 0);
+	n = (size_t)(tmp + sizeof(tmp) - p);
+	memcpy(buf, p, n);
+	buf[n] = '\0';
+	return n;
+}
+
+int
 http_out_status(struct http_out *o, int status)
 {
+	const char *reason;
 	char line[128];
-	int n;
+	size_t rl;
 
 	if (status < 100 || status > 999) {
 		o->ho_failed = true;
 		return -1;
 	}
-	n = snprintf(line, sizeof(line), "HTTP/1.1 %d %s\r\n", status,
-	    http_status_reason(status));
-	return http_out_append(o, line, (size_t)n);
+	reason = http_status_reason(status);
+	rl = strlen(reason);
+	if (rl > sizeof(line) - 15)
+		rl = sizeof(line) - 15;
+	memcpy(line, "HTTP/1.1 ", 9);
+	line[9] = (char)('0' + status / 100);
+	line[10] = (char)('0' + status / 10 % 10);
+	line[11] = (char)('0' + status % 10);
+	line[12] = ' ';
+	memcpy(line + 13, reason, rl);
+	memcpy(line + 13 + rl, "\r\n", 2);
+	return http_out_append(o, line, 13 + rl + 2);
 }
 
 int

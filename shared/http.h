@@ -190,6 +190,15 @@ void http_out_extra(struct http_out *o, const char *text);
 void http_out_reset(struct http_out *o);
 void http_out_free(struct http_out *o);
 int http_out_append(struct http_out *o, const void *data, size_t len);
+/* One chunk of the chunked transfer coding: "<hex len>\r\n" data "\r\n"
+ * (len > 0; a zero-length chunk would end the body). 0, or -1 as
+ * http_out_append. */
+int http_out_chunk(struct http_out *o, const void *data, size_t len);
+/* v in decimal into buf (at least HTTP_U64_DIGITS + 1 bytes), NUL-ended;
+ * returns the digits written. For the request path, where snprintf costs
+ * hundreds of instructions a call. */
+#define HTTP_U64_DIGITS 20
+size_t http_fmt_u64(char *buf, uint64_t v);
 /* "HTTP/1.1 <status> <reason>\r\n". */
 int http_out_status(struct http_out *o, int status);
 /* "<name>: <value>\r\n". A name that is not a token, or a value holding CR,

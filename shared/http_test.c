@@ -791,6 +791,37 @@ test_out_head(void **state)
 }
 
 static void
+test_out_chunk_and_digits(void **state)
+{
+	struct http_out o;
+	char big[300], num[HTTP_U64_DIGITS + 1];
+
+	(void)state;
+	http_out_init(&o);
+	assert_int_equal(http_out_status(&o, 404), 0);
+	assert_int_equal(http_out_status(&o, 599), 0);
+	assert_string_equal(o.ho_buf,
+	    "HTTP/1.1 404 Not Found\r\n"
+	    "HTTP/1.1 599 Unknown\r\n");
+	http_out_reset(&o);
+	assert_int_equal(http_out_chunk(&o, "hello", 5), 0);
+	memset(big, 'x', sizeof(big));
+	assert_int_equal(http_out_chunk(&o, big, sizeof(big)), 0);
+	assert_int_equal(o.ho_len, 3 + 5 + 2 + 5 + 300 + 2);
+	assert_memory_equal(o.ho_buf, "5\r\nhello\r\n12c\r\nxxx", 18);
+	assert_memory_equal(o.ho_buf + o.ho_len - 3, "x\r\n", 3);
+	assert_int_equal(o.ho_buf[o.ho_len], '\0');
+	http_out_free(&o);
+
+	assert_int_equal(http_fmt_u64(num, 0), 1);
+	assert_string_equal(num, "0");
+	assert_int_equal(http_fmt_u64(num, 1234567), 7);
+	assert_string_equal(num, "1234567");
+	assert_int_equal(http_fmt_u64(num, UINT64_MAX), 20);
+	assert_string_equal(num, "18446744073709551615");
+}
+
+static void
 test_error_body(void **state)
 {
 	cJSON *j, *e;
@@ -869,6 +900,7 @@ main(void)
 		cmocka_unit_test(test_stream_body),
 		cmocka_unit_test(test_reset_reuse),
 		cmocka_unit_test(test_reason),
+		cmocka_unit_test(test_out_chunk_and_digits),
 		cmocka_unit_test(test_out_head),
 		cmocka_unit_test(test_error_body),
 		cmocka_unit_test(test_out_error),

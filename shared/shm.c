@@ -337,6 +337,20 @@ shm_workers_generation(struct shm *shm)
 	    memory_order_acquire);
 }
 
+void
+shm_text_wanted_set(struct shm *shm)
+{
+	atomic_store_explicit(&shm->sm_seg->sh_text_wanted, 1,
+	    memory_order_release);
+}
+
+bool
+shm_text_wanted(struct shm *shm)
+{
+	return atomic_load_explicit(&shm->sm_seg->sh_text_wanted,
+	           memory_order_acquire) != 0;
+}
+
 /* ---------------------------------------------------------------- rows */
 
 /*

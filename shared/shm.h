@@ -126,7 +126,9 @@ struct shm_segment {
 	uint64_t sh_size;
 	_Atomic uint64_t sh_workers_generation; /* bumps on any slot write */
 	_Atomic uint32_t sh_series_count;
-	uint32_t sh_pad;
+	/* Nonzero once the broker runs a policy that reads the routing text
+	 * for some model (shm_text_wanted_set); never cleared. */
+	_Atomic uint32_t sh_text_wanted;
 	/*
 	 * Gateway-wide admission (--max-concurrent-requests): requests
 	 * admitted and requests queued, summed over every row, and the rate
@@ -184,6 +186,15 @@ uint32_t shm_worker_write(struct shm *shm, unsigned slot,
     const struct shm_worker *w);
 void shm_worker_clear(struct shm *shm, unsigned slot);
 uint64_t shm_workers_generation(struct shm *shm);
+
+/*
+ * Whether some model's policy reads the routing text (policies.md §1.6):
+ * the broker sets it when it gives a model such a policy of its own (a
+ * worker's "policy" label), so frontends whose --policy needs no text know
+ * to extract it anyway. Sticky until the segment is made again.
+ */
+void shm_text_wanted_set(struct shm *shm);
+bool shm_text_wanted(struct shm *shm);
 
 /*
  * Rows. shm_frontend_claim takes a free (or dead) frontend row for the

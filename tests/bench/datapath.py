@@ -42,7 +42,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 LUA = os.path.join(HERE, "datapath.lua")
 MODEL = "sim-model"
-TARGETS = ("direct", "smg-c", "nginx", "haproxy")
+TARGETS = ["direct", "smg-c", "nginx", "haproxy"]  # + --also-frontends
 TARGET_TITLES = {"direct": "direct (1 worker)", "smg-c": "smg-c",
                  "nginx": "nginx", "haproxy": "HAProxy"}
 WORKLOADS = ("completion", "stream")
@@ -219,8 +219,10 @@ def report(args, m, pp, res, rtt, skipped, rates, seen, died):
     L.append(f"- tools: {m['wrk']}; {m['nginx']}; {m['haproxy']}")
     L.append(f"- command: `{' '.join(args.argv)}`")
     L.append(f"- workers: 2 smg-simworker --time-scale 0; every proxy "
-             f"uses {args.cores} processes/threads (smg-c --frontends "
-             f"{args.cores}, nginx worker_processes, HAProxy nbthread); "
+             f"uses {args.cores} processes/threads (nginx "
+             f"worker_processes, HAProxy nbthread), smg-c --frontends "
+             f"{args.smg_frontends or 'at its default'}"
+             f"{''.join(f', {k}' for k in args.also)}; "
              f"wrk -t{args.threads} on the same machine")
     L.append("- w1/w2 %: share of a run's requests each worker completed "
              "(workers' /sim/stats)")
@@ -446,6 +448,12 @@ def parse_args():
     add_out(ap)
     ap.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)),
                     help="processes/threads of each proxy (default: nproc)")
+    ap.add_argument("--smg-frontends", type=int, default=None,
+                    help="smg-c --frontends (default: smg's own default)")
+    ap.add_argument("--also-frontends", default="",
+                    help="comma-separated --frontends values: one more "
+                         "smg-c target for each, measured right after the "
+                         "main one (ratios and targets use the main one)")
     ap.add_argument("--threads", type=int, default=2, help="wrk threads")
     ap.add_argument("--conns", type=int, default=64,
                     help="wrk connections at peak")
@@ -472,6 +480,16 @@ def parse_args():
     args.build_dir = os.path.abspath(args.build_dir)
     args.build_type = build_type(args.build_dir)
     args.targets = [t for t in args.targets.split(",") if t]
+    args.also = [int(k) for k in args.also_frontends.split(",") if k]
+    if args.also:
+        TARGET_TITLES["smg-c"] = "smg-c --frontends " + (
+            str(args.smg_frontends) if args.smg_frontends else "default")
+    for i, k in enumerate(args.also):
+        name = f"smg-c-f{k}"
+        TARGETS.insert(2 + i, name)
+        TARGET_TITLES[name] = f"smg-c --frontends {k}"
+        if "smg-c" in args.targets:
+            args.targets.append(name)
     for t in args.targets:
         if t not in TARGETS:
             ap.error(f"unknown target {t}")
@@ -485,12 +503,19 @@ def start_targets(procs, args, tmp, workers, bodies, skipped, seen):
     ports = {"direct": (workers[0], None)}
     if "smg-c" in args.targets:
         p, port, prom = start_smg(procs, os.path.join(b, "smg"), "smg", [
-            "--policy", "round_robin",
-            "--frontends", str(args.cores), "--worker-urls", *urls,
+            "--policy", "round_robin", *(
+                ["--frontends", str(args.smg_frontends)]
+                if args.smg_frontends else []), "--worker-urls", *urls,
             "--prometheus-duration-buckets", *RTT_BUCKETS,
             "--log-level", "warn"])
         ports["smg-c"] = (port, p)
         args.prom_port = prom
+        for k in args.also:
+            p, port, _ = start_smg(procs, os.path.join(b, "smg"),
+                                   f"smg-f{k}", [
+                "--policy", "round_robin", "--frontends", str(k),
+                "--worker-urls", *urls, "--log-level", "warn"])
+            ports[f"smg-c-f{k}"] = (port, p)
     if "nginx" in args.targets:
         port = free_port()
         p = start_nginx(procs, nginx_conf(tmp, port, workers, args.cores,
@@ -511,7 +536,7 @@ def start_targets(procs, args, tmp, workers, bodies, skipped, seen):
             continue
         port, p = ports[t]
         err, s = wait_ready(port, {w: bodies[w][1] for w in WORKLOADS},
-                            30.0 if t == "smg-c" else 10.0, p)
+                            30.0 if t.startswith("smg-c") else 10.0, p)
         if err:
             log(f"{t}: {err} (see {tmp}/*.log)")
             skipped[t] = err

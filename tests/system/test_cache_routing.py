@@ -109,3 +109,40 @@ def test_busy_holder_spills_exactly_past_both_gates(tmp_path):
     finally:
         for w in ws:
             w.stop()
+
+
+def test_labelled_cache_aware_model_gets_the_text(tmp_path):
+    # --policy round_robin needs no routing text, so frontends skip it;
+    # a model whose workers carry the label policy=cache_aware gets its
+    # own cache_aware instance, which must still see the prompt.
+    wa = [sim.start_simworker(tmp_path, "--model", "m-a", "--time-scale",
+                              "0", name=f"a{i}") for i in range(3)]
+    wb = sim.start_simworker(tmp_path, "--model", "m-b", "--time-scale", "0",
+                             name="b")
+    try:
+        with gw.start_gateway(tmp_path, "--policy", "round_robin",
+                              "--worker-urls", wb.url,
+                              "--log-level", "debug") as g:
+            for w in wa:
+                r = g.post("/workers", {"url": w.url,
+                                        "models": [{"id": "m-a"}],
+                                        "labels": {"policy": "cache_aware"}})
+                assert r.status == 202, r
+            g.wait_ready(4)
+            routed = []
+            for i in range(20):
+                b = body(f" question {i}?")
+                b["model"] = "m-a"
+                r = g.post("/v1/completions", b)
+                assert r.status == 200, r
+                routed.append(r.headers["x-smg-routed-worker-id"])
+            assert len(set(routed)) == 1, routed
+            matches = [float(m) for m in re.findall(
+                r"cache_aware model m-a branch tree_match match (0\.\d+|1)",
+                g.log())]
+            assert len(matches) >= 19, matches
+            assert min(matches[1:]) > 0.9, matches
+            g.stop()
+    finally:
+        for w in wa + [wb]:
+            w.stop()
