@@ -742,8 +742,12 @@ decide_admin(Smg__AdminRequest *ar,
 	m.admin = ar;
 	if ((buf = ipc_pack_frontend(&m, &len)) == NULL)
 		return -1;
-	rv = ipc_client_send(fe->fe_broker, buf, len, FE_ADMIN_TIMEOUT_MS, cb,
-	    arg);
+	/* No live broker process: wait only the short grace a starting
+	 * broker needs, not FE_ADMIN_TIMEOUT_MS (kept for a slow one). */
+	rv = ipc_client_send(fe->fe_broker, buf, len,
+	    shm_row_alive(fe->fe_shm, SHM_ROW_BROKER) ? FE_ADMIN_TIMEOUT_MS
+	                                              : FE_ADMIN_DOWN_MS,
+	    cb, arg);
 	free(buf);
 	return rv;
 }
