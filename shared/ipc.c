@@ -157,6 +157,19 @@ ipc_server_new(struct ev_loop *loop, const char *url, enum ipc_server_kind kind,
 	const char *path;
 	int rv, fd;
 
+	if (kind == IPC_SERVER_REP && strncmp(url, "tcp://", 6) == 0) {
+		srv = xcalloc(1, sizeof(*srv));
+		srv->srv_loop = loop;
+		srv->srv_kind = kind;
+		srv->srv_cb = cb;
+		srv->srv_arg = arg;
+		if ((srv->srv_sp = sp_server_new_tcp(loop, url + 6,
+		         IPC_FRAME_REQ, cb, arg)) == NULL) {
+			free(srv);
+			return NULL;
+		}
+		return srv;
+	}
 	if ((path = ipc_path(url)) == NULL || ipc_remove_stale(url) == -1)
 		return NULL;
 	srv = xcalloc(1, sizeof(*srv));
@@ -258,6 +271,12 @@ ipc_srv_io_cb(struct ev_loop *loop, ev_io *w, int revents)
 	}
 }
 
+int
+ipc_server_port(const struct ipc_server *srv)
+{
+	return srv == NULL ? -1 : sp_server_port(srv->srv_sp);
+}
+
 /* ---------------------------------------------------------------- client */
 
 struct ipc_client *
@@ -268,6 +287,16 @@ ipc_client_new(struct ev_loop *loop, const char *url, enum ipc_client_kind kind,
 	const char *path;
 	int rv;
 
+	if (kind == IPC_CLIENT_REQ && strncmp(url, "tcp://", 6) == 0) {
+		cl = xcalloc(1, sizeof(*cl));
+		cl->cl_kind = kind;
+		if ((cl->cl_sp = sp_client_new_tcp(loop, url + 6, max_inflight,
+		         IPC_FRAME_REP)) == NULL) {
+			free(cl);
+			return NULL;
+		}
+		return cl;
+	}
 	if ((path = ipc_path(url)) == NULL)
 		return NULL;
 	cl = xcalloc(1, sizeof(*cl));

@@ -64,12 +64,15 @@ enum ipc_server_kind {
 };
 
 /*
- * Listens on url (ipc://path); NULL (logged) on failure. Removes a stale
- * socket file, but fails when another live process listens on it.
+ * Listens on url (ipc://path; a REP server also tcp://host:port, nng's
+ * TCP wire); NULL (logged) on failure. Removes a stale socket file, but
+ * fails when another live process listens on it.
  */
 struct ipc_server *ipc_server_new(struct ev_loop *loop, const char *url,
     enum ipc_server_kind kind, ipc_server_cb cb, void *arg);
 void ipc_server_free(struct ipc_server *srv);
+/* The TCP port a tcp:// REP server listens on; -1 otherwise. */
+int ipc_server_port(const struct ipc_server *srv);
 
 /* ---- client: REQ (frontend), or PUSH (poller) ---- */
 
@@ -90,9 +93,10 @@ enum ipc_client_kind {
 };
 
 /*
- * Dials url (ipc://path) without blocking and redials in the background,
- * so the peer may start later or restart at any time. max_inflight bounds
- * REQ requests waiting for their replies. NULL (logged) on failure.
+ * Dials url (ipc://path; REQ also tcp://host:port) without blocking and redials
+ * in the background, so the peer may start later or restart at any time.
+ * max_inflight bounds REQ requests waiting for their replies. NULL (logged) on
+ * failure.
  */
 struct ipc_client *ipc_client_new(struct ev_loop *loop, const char *url,
     enum ipc_client_kind kind, unsigned max_inflight);
