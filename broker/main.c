@@ -51,6 +51,8 @@ broker_settings_fill(struct broker_settings *bs, const struct config *cf,
 	memset(bs, 0, sizeof(*bs));
 	bs->bs_state_dir = cf->cf_state_dir;
 	bs->bs_run_dir = cf->cf_run_dir;
+	bs->bs_listen = cf->cf_broker_listen;
+	bs->bs_nlisten = cf->cf_broker_listen_n;
 	bs->bs_policy = policy_kind_name(cf->cf_policy);
 	bs->bs_pd = cf->cf_pd_disaggregation || cf->cf_epd_disaggregation;
 	if (bs->bs_pd) {

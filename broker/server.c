@@ -289,6 +289,15 @@ server_new(struct ev_loop *loop, const struct broker_settings *bs, bool serve)
 		goto fail;
 	log_info("smg-broker: serving %s, %u workers, policy %s, state %s", url,
 	    br->br_nworkers, policy_name(br->br_default), bs->bs_state_dir);
+	/* The same conversation for frontends on other hosts. */
+	br->br_remote = xcalloc(bs->bs_nlisten + 1, sizeof(*br->br_remote));
+	for (i = 0; i < bs->bs_nlisten; i++) {
+		if ((br->br_remote[i] = ipc_server_new(loop, bs->bs_listen[i],
+		         IPC_SERVER_REP, server_rep_cb, br)) == NULL)
+			goto fail;
+		log_info("smg-broker: also serving %s (port %d)",
+		    bs->bs_listen[i], ipc_server_port(br->br_remote[i]));
+	}
 	if (ipc_url(url, sizeof(url), bs->bs_run_dir, IPC_REPORTS_SOCK) == -1 ||
 	    (br->br_pull = ipc_server_new(loop, url, IPC_SERVER_PULL,
 	         server_pull_cb, br)) == NULL)
@@ -328,6 +337,10 @@ server_free(struct broker *br)
 	ev_signal_stop(br->br_loop, &br->br_sigint);
 	ipc_server_free(br->br_rep);
 	ipc_server_free(br->br_pull);
+	for (i = 0; br->br_remote != NULL && i < br->br_set->bs_nlisten; i++)
+		ipc_server_free(br->br_remote[i]);
+	free(br->br_remote);
+	remote_free(br);
 	store_close(br->br_store);
 	br->br_store = NULL;
 	registry_free_all(br);
@@ -381,6 +394,9 @@ server_frontend(struct broker *br, const uint8_t *msg, size_t len,
 		r.decision_batch = &db;
 		out = ipc_pack_broker(&r, reply_len);
 		route_batch_free(&db);
+		break;
+	case SMG__FRONTEND_MSG__BODY_HOST_SYNC:
+		out = remote_sync(br, m->host_sync, reply_len);
 		break;
 	case SMG__FRONTEND_MSG__BODY_ADMIN:
 		admin_handle(br, m->admin, &ar);
@@ -444,9 +460,9 @@ server_tick_cb(struct ev_loop *loop, ev_timer *t, int revents)
 	for (i = 0; i < br->br_nworkers; i++) {
 		struct worker *w = br->br_order[i];
 
-		stats_set(br, w->wk_m_active,
-		    shm_inflight_total(br->br_shm, w->wk_slot));
+		stats_set(br, w->wk_m_active, live_in_flight(br, w));
 	}
+	remote_sweep(br, shm_now_ms());
 	live_tick(br);
 	policy_sweep_all(br, shm_now_ms());
 	sticky_sweep(br, shm_now_ms());

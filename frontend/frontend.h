@@ -354,6 +354,13 @@ struct decide_item {
 void decide_init(void);
 void decide_shutdown(void);
 /*
+ * hostsync.c: with --broker (a broker on another host), sends this row's
+ * live load every 100 ms and, on row 0, mirrors the broker's worker table
+ * into the local shared memory. No-ops without --broker.
+ */
+void hostsync_init(void);
+void hostsync_shutdown(void);
+/*
  * Queues a routing question; every question queued during one loop turn
  * travels in one RouteBatch. di_cb runs later (never inside this call),
  * with the broker's decision or, when the broker is unreachable, the local
