@@ -361,6 +361,11 @@ void decide_shutdown(void);
 void hostsync_init(void);
 void hostsync_shutdown(void);
 /*
+ * Whether a broker process is there to answer: its shm row is alive, or,
+ * for a broker on another host, the connection to it is up.
+ */
+bool hostsync_broker_alive(void);
+/*
  * Queues a routing question; every question queued during one loop turn
  * travels in one RouteBatch. di_cb runs later (never inside this call),
  * with the broker's decision or, when the broker is unreachable, the local

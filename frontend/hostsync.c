@@ -58,6 +58,14 @@ hostsync_shutdown(void)
 	hostsync_on = false;
 }
 
+bool
+hostsync_broker_alive(void)
+{
+	if (fe->fe_cf->cf_broker == NULL)
+		return shm_row_alive(fe->fe_shm, SHM_ROW_BROKER);
+	return ipc_client_down_secs(fe->fe_broker) == 0.;
+}
+
 static void
 hostsync_timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {

@@ -184,7 +184,7 @@ workerapi_start(struct conn *c, const struct http_request *hr, const char *id)
 	snprintf(ac->ac_id, sizeof(ac->ac_id), "%s", id);
 	/* No live broker process: answer now, not after FE_ADMIN_TIMEOUT_MS
 	 * (the timeout stays for a broker alive but slow). */
-	if (!shm_row_alive(fe->fe_shm, SHM_ROW_BROKER) ||
+	if (!hostsync_broker_alive() ||
 	    decide_admin(&ar, admin_reply, ac) == -1) {
 		free(ac);
 		free(body);

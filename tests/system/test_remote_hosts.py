@@ -1,0 +1,267 @@
+"""Frontend groups on other hosts share one broker (--broker-listen,
+--broker tcp://).
+
+A "host" is a run dir of its own: its frontends map their own shared
+memory, and reach the broker of group A only over tcp:// on loopback.
+The remote group mirrors the worker table, routes through the shared
+broker (a prefix warmed through A is found through B), sees a worker
+added through its own API, and loses no request when the broker is
+killed under load (the local fallback on the mirrored table).
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+
+import gw
+import sim
+import util
+
+MODEL = "sim-model"
+PREFIX = ("Shared system text for the whole fleet. " * 60)
+
+
+class RemoteGroup:
+    """smg-frontend processes with their own run dir and --broker URL."""
+
+    def __init__(self, tmp_path, broker_url, n=1, name="hostB"):
+        self.run_dir = str(tmp_path / name / "run")
+        self.state_dir = str(tmp_path / name / "state")
+        os.makedirs(self.run_dir, mode=0o700)
+        os.makedirs(self.state_dir, mode=0o700)
+        self.port = util.free_port()
+        self.metrics_port = util.free_port()
+        self.procs = []
+        for slot in range(n):
+            argv = [util.binary("smg-frontend"), "--host", "127.0.0.1",
+                    "--port", str(self.port),
+                    "--prometheus-host", "127.0.0.1",
+                    "--prometheus-port", str(self.metrics_port),
+                    "--run-dir", self.run_dir,
+                    "--state-dir", self.state_dir,
+                    "--frontends", str(n), "--frontend-slot", str(slot),
+                    "--broker", broker_url]
+            self.procs.append(util.Proc(f"{name}-fe{slot}", argv, tmp_path))
+
+    def get(self, path, **kw):
+        return util.get(self.port, path, **kw)
+
+    def post(self, path, body=None, **kw):
+        return util.post(self.port, path, body=body, **kw)
+
+    def models(self):
+        r = self.get("/v1/models", timeout=2)
+        return [m["id"] for m in r.json().get("data", [])] \
+            if r.status == 200 else []
+
+    def log(self):
+        return "".join(p.log() for p in self.procs)
+
+    def stop(self, check=True):
+        for p in self.procs:
+            p.stop(signal.SIGTERM, check=check)
+
+    def kill(self):
+        for p in self.procs:
+            p.kill()
+
+
+def metric(target, name):
+    body = util.get(target.metrics_port, "/metrics").body.decode()
+    m = re.search(r"^" + re.escape(name) + r"(?:\{\})? (\d+)", body, re.M)
+    return int(m.group(1)) if m else 0
+
+
+def broker_load(g):
+    """In-flight requests the broker counts, over all workers."""
+    r = g.get("/workers", timeout=2)
+    return sum(w.get("load", 0) for w in r.json().get("workers", []))
+
+
+def mirrored_urls(g):
+    """Worker URLs of B's own shared memory, through its fallback-facing
+    endpoint (/v1/models lists models; /readiness counts workers)."""
+    r = g.get("/readiness", timeout=2)
+    return r.json().get("healthy_workers", 0) if r.status == 200 else 0
+
+
+def completion(target, suffix, timeout=10):
+    return target.post("/v1/completions",
+                       {"model": MODEL, "prompt": PREFIX + suffix,
+                        "max_tokens": 2}, timeout=timeout)
+
+
+def test_remote_group_shares_the_broker(tmp_path):
+    ws = [sim.start_simworker(tmp_path, "--time-scale", "0")
+          for _ in range(3)]
+    bport = util.free_port()
+    burl = f"tcp://127.0.0.1:{bport}"
+    b = None
+    try:
+        with gw.start_gateway(tmp_path, "--policy", "cache_aware",
+                              "--worker-urls", ws[0].url, ws[1].url,
+                              "--broker-listen", burl) as g:
+            g.wait_ready(2)
+            b = RemoteGroup(tmp_path, burl)
+            # The worker table reaches B's own shared memory.
+            util.wait_for(lambda: mirrored_urls(b) >= 2, timeout=15,
+                          what="B mirrors two ready workers")
+            assert MODEL in b.models()
+            # A plain libnng REQ socket over tcp:// gets decisions.
+            p = subprocess.run([util.binary("smg-nngreq"), burl, "",
+                                "one", "two"], capture_output=True,
+                               text=True, timeout=30)
+            assert p.returncode == 0, p.stderr
+            out = [json.loads(x) for x in p.stdout.splitlines()]
+            assert len(out) == 2 and all(d["status"] == "ok" for d in out)
+            # A warms a prefix; B's request with it lands on that worker.
+            r = completion(g, " first question?")
+            assert r.status == 200, r
+            warmed = r.headers["x-smg-routed-worker-id"]
+            for i in range(5):
+                r = completion(b, f" question {i} from B?")
+                assert r.status == 200, r
+                assert r.headers["x-smg-routed-worker-id"] == warmed, \
+                    (i, r.headers, warmed)
+            # B's decisions came from the broker, not its fallback.
+            assert metric(b, "smg_broker_fallback_decisions_total") == 0
+            # A worker added through B's API is in both groups' tables
+            # within 1 s of the answer.
+            r = b.post("/workers", {"url": ws[2].url})
+            assert r.status in (200, 201, 202), r
+            t0 = time.monotonic()
+
+            def listed(target):
+                rr = target.get("/workers", timeout=2)
+                return rr.status == 200 and any(
+                    w.get("url") == ws[2].url
+                    for w in rr.json().get("workers", []))
+            util.wait_for(lambda: listed(g) and listed(b), timeout=1.0,
+                          interval=0.02, what="the new worker listed")
+            took = time.monotonic() - t0
+            assert took < 1.0, took
+            # B's own shared memory has it (its readiness counts it
+            # once the broker has found it healthy).
+            util.wait_for(lambda: mirrored_urls(b) >= 3, timeout=15,
+                          what="B mirrors three ready workers")
+            b.stop()
+            b = None
+            g.stop()
+    finally:
+        if b is not None:
+            b.kill()
+        for w in ws:
+            w.stop()
+
+
+def test_broker_killed_under_remote_load(tmp_path):
+    ws = [sim.start_simworker(tmp_path, "--time-scale", "0")
+          for _ in range(2)]
+    bport = util.free_port()
+    burl = f"tcp://127.0.0.1:{bport}"
+    b = None
+    try:
+        with gw.start_gateway(tmp_path, "--policy", "cache_aware",
+                              "--worker-urls", ws[0].url, ws[1].url,
+                              "--broker-listen", burl) as g:
+            g.wait_ready(2)
+            b = RemoteGroup(tmp_path, burl, n=2)
+            util.wait_for(lambda: mirrored_urls(b) >= 2, timeout=15,
+                          what="B mirrors two ready workers")
+            stop = threading.Event()
+            results = []
+            lock = threading.Lock()
+
+            def load(k):
+                i = 0
+                while not stop.is_set():
+                    try:
+                        r = completion(b, f" load {k} {i}", timeout=20)
+                        st = r.status
+                    except Exception as e:  # a failed request counts
+                        st = repr(e)
+                    with lock:
+                        results.append(st)
+                    i += 1
+            threads = [threading.Thread(target=load, args=(k,))
+                       for k in range(4)]
+            for t in threads:
+                t.start()
+            time.sleep(1.0)
+            broker = g.pids()["broker"][0]
+            os.kill(broker, signal.SIGKILL)
+            # The launcher restarts it; B reconnects over tcp://.
+            util.wait_for(lambda: g.pids()["broker"] and
+                          g.pids()["broker"][0] != broker, timeout=20,
+                          what="a new broker")
+            time.sleep(2.0)
+            stop.set()
+            for t in threads:
+                t.join(timeout=60)
+            failed = [s for s in results if s != 200]
+            assert len(results) > 50, len(results)
+            assert not failed, failed[:10]
+            # Back on the broker after the restart: decisions, not the
+            # fallback (B's table is current again).
+            r = completion(b, " after the restart")
+            assert r.status == 200, r
+            b.stop()
+            b = None
+            g.stop()
+    finally:
+        if b is not None:
+            b.kill()
+        for w in ws:
+            w.stop()
+
+
+def test_remote_load_reaches_the_broker(tmp_path):
+    ws = [sim.start_simworker(tmp_path, "--time-scale", "0")
+          for _ in range(2)]
+    bport = util.free_port()
+    burl = f"tcp://127.0.0.1:{bport}"
+    b = None
+    try:
+        with gw.start_gateway(tmp_path, "--policy", "least_load",
+                              "--worker-urls", ws[0].url, ws[1].url,
+                              "--broker-listen", burl) as g:
+            g.wait_ready(2)
+            b = RemoteGroup(tmp_path, burl)
+            util.wait_for(lambda: mirrored_urls(b) >= 2, timeout=15,
+                          what="B mirrors two ready workers")
+            assert broker_load(g) == 0
+
+            def held(i):
+                try:
+                    b.post("/v1/completions",
+                           {"model": MODEL, "prompt": f"hold {i}",
+                            "max_tokens": 2, "sim_hold_ms": 4000},
+                           timeout=30)
+                except Exception:
+                    pass  # B is killed under them below
+            threads = [threading.Thread(target=held, args=(i,))
+                       for i in range(4)]
+            for t in threads:
+                t.start()
+            # Only B's own shared memory holds them: the broker sums
+            # what B reports.
+            util.wait_for(lambda: broker_load(g) == 4, timeout=5,
+                          what="B's four requests counted by the broker")
+            # B dies with them in flight: forgotten after 3 intervals.
+            b.kill()
+            t0 = time.monotonic()
+            util.wait_for(lambda: broker_load(g) == 0, timeout=5,
+                          interval=0.02, what="B's load forgotten")
+            assert time.monotonic() - t0 < 1.0
+            for t in threads:
+                t.join(timeout=30)
+            b = None
+            g.stop()
+    finally:
+        if b is not None:
+            b.kill()
+        for w in ws:
+            w.stop()
