@@ -48,6 +48,10 @@ struct broker_settings {
 	/* tcp:// listeners for frontends of other hosts (--broker-listen) */
 	char *const *bs_listen;
 	size_t bs_nlisten;
+	/* tls+tcp:// listeners: own certificate, key, the frontends' CA */
+	const char *bs_tls_cert;
+	const char *bs_tls_key;
+	const char *bs_tls_ca;
 	const char *bs_policy; /* policy name for the default instance */
 	const char *bs_prefill_policy; /* PD leg policies; NULL = bs_policy */
 	const char *bs_decode_policy;
@@ -933,6 +937,7 @@ struct broker {
 	struct ipc_server *br_rep;
 	struct ipc_server *br_pull;
 	struct ipc_server **br_remote; /* one per bs_listen */
+	struct tls_ctx *br_tls; /* for tls+tcp:// listeners, else NULL */
 	/* remote.c: frontends of other hosts and their summed live load */
 	struct remote_source **br_sources;
 	size_t br_nsources;

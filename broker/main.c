@@ -53,6 +53,9 @@ broker_settings_fill(struct broker_settings *bs, const struct config *cf,
 	bs->bs_run_dir = cf->cf_run_dir;
 	bs->bs_listen = cf->cf_broker_listen;
 	bs->bs_nlisten = cf->cf_broker_listen_n;
+	bs->bs_tls_cert = cf->cf_broker_tls_cert;
+	bs->bs_tls_key = cf->cf_broker_tls_key;
+	bs->bs_tls_ca = cf->cf_broker_tls_ca;
 	bs->bs_policy = policy_kind_name(cf->cf_policy);
 	bs->bs_pd = cf->cf_pd_disaggregation || cf->cf_epd_disaggregation;
 	if (bs->bs_pd) {

@@ -13,6 +13,7 @@
 #include "shared/ipc.h"
 #include "shared/log.h"
 #include "shared/metrics.h"
+#include "shared/tls.h"
 #include "shared/xmalloc.h"
 
 #include "broker.h"
@@ -292,8 +293,20 @@ server_new(struct ev_loop *loop, const struct broker_settings *bs, bool serve)
 	/* The same conversation for frontends on other hosts. */
 	br->br_remote = xcalloc(bs->bs_nlisten + 1, sizeof(*br->br_remote));
 	for (i = 0; i < bs->bs_nlisten; i++) {
-		if ((br->br_remote[i] = ipc_server_new(loop, bs->bs_listen[i],
-		         IPC_SERVER_REP, server_rep_cb, br)) == NULL)
+		if (strncmp(bs->bs_listen[i], "tls+", 4) == 0) {
+			/* Remote frontends must show a certificate too. */
+			if (br->br_tls == NULL &&
+			    (br->br_tls =
+			            tls_ctx_new_server_mutual(bs->bs_tls_cert,
+			                bs->bs_tls_key, bs->bs_tls_ca)) == NULL)
+				goto fail;
+			br->br_remote[i] = ipc_server_new_tls(loop,
+			    bs->bs_listen[i], br->br_tls, server_rep_cb, br);
+		} else
+			br->br_remote[i] =
+			    ipc_server_new(loop, bs->bs_listen[i],
+			        IPC_SERVER_REP, server_rep_cb, br);
+		if (br->br_remote[i] == NULL)
 			goto fail;
 		log_info("smg-broker: also serving %s (port %d)",
 		    bs->bs_listen[i], ipc_server_port(br->br_remote[i]));
@@ -340,6 +353,7 @@ server_free(struct broker *br)
 	for (i = 0; br->br_remote != NULL && i < br->br_set->bs_nlisten; i++)
 		ipc_server_free(br->br_remote[i]);
 	free(br->br_remote);
+	tls_ctx_free(br->br_tls);
 	remote_free(br);
 	store_close(br->br_store);
 	br->br_store = NULL;

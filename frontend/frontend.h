@@ -64,6 +64,7 @@ struct frontend {
 	struct upstream *fe_up;
 	struct ipc_client *fe_broker;
 	struct tls_ctx *fe_tls; /* server side, NULL: plain HTTP */
+	struct tls_ctx *fe_broker_tls; /* tls+tcp:// broker, else NULL */
 	struct http_limits fe_limits;
 	char fe_broker_url[512];
 	bool fe_draining;

@@ -265,10 +265,18 @@ static const struct config_key config_keys[] = {
 	LISTV("broker-listen", NULL, cf_broker_listen, NULL, KC_NONE, KF_ONE,
 	    "URL",
 	    "smg-c: the broker also serves frontends of other hosts on "
-	    "tcp://HOST:PORT (repeatable)"),
+	    "tcp://HOST:PORT or tls+tcp://HOST:PORT (repeatable)"),
 	STRV("broker", NULL, cf_broker, NULL, KC_NONE, "URL",
-	    "smg-c: a frontend asks the broker at tcp://HOST:PORT instead of "
-	    "its run dir's, and mirrors its worker table"),
+	    "smg-c: a frontend asks the broker at tcp:// or "
+	    "tls+tcp://HOST:PORT "
+	    "instead of its run dir's, and mirrors its worker table"),
+	STRV("broker-tls-cert", NULL, cf_broker_tls_cert, NULL, KC_NONE, "PEM",
+	    "smg-c: certificate of this end of a tls+tcp:// broker connection"),
+	STRV("broker-tls-key", NULL, cf_broker_tls_key, NULL, KC_NONE, "PEM",
+	    "smg-c: its private key"),
+	STRV("broker-tls-ca", NULL, cf_broker_tls_ca, NULL, KC_NONE, "PEM",
+	    "smg-c: CA the other end's certificate must chain to (both ends "
+	    "are verified)"),
 
 	SECTION("Listeners"),
 	STRV("host", NULL, cf_host, "0.0.0.0", KC_NONE, "ADDR",
@@ -2067,6 +2075,7 @@ check_own(struct config *cf, char *err, size_t errlen)
 {
 	long cpus;
 	size_t i;
+	bool tls;
 
 	if (cf->cf_frontends == 0) {
 		cpus = sysconf(_SC_NPROCESSORS_ONLN);
@@ -2087,14 +2096,30 @@ check_own(struct config *cf, char *err, size_t errlen)
 		    "--run-dir: path longer than %d bytes (IPC socket paths "
 		    "must fit a unix socket address)",
 		    CONFIG_RUN_DIR_MAX);
-	for (i = 0; i < cf->cf_broker_listen_n; i++)
+	tls = false;
+	for (i = 0; i < cf->cf_broker_listen_n; i++) {
 		if (!config_tcp_url(cf->cf_broker_listen[i]))
 			return cfg_err(err, errlen,
-			    "--broker-listen: %s: expected tcp://HOST:PORT",
+			    "--broker-listen: %s: expected tcp://HOST:PORT or "
+			    "tls+tcp://HOST:PORT",
 			    cf->cf_broker_listen[i]);
-	if (cf->cf_broker != NULL && !config_tcp_url(cf->cf_broker))
+		tls = tls || strncmp(cf->cf_broker_listen[i], "tls+", 4) == 0;
+	}
+	if (cf->cf_broker != NULL) {
+		if (!config_tcp_url(cf->cf_broker))
+			return cfg_err(err, errlen,
+			    "--broker: %s: expected tcp://HOST:PORT or "
+			    "tls+tcp://HOST:PORT",
+			    cf->cf_broker);
+		tls = tls || strncmp(cf->cf_broker, "tls+", 4) == 0;
+	}
+	/* Mutual certificates: a tls+tcp:// end needs all three. */
+	if (tls &&
+	    (cf->cf_broker_tls_cert == NULL || cf->cf_broker_tls_key == NULL ||
+	        cf->cf_broker_tls_ca == NULL))
 		return cfg_err(err, errlen,
-		    "--broker: %s: expected tcp://HOST:PORT", cf->cf_broker);
+		    "tls+tcp:// needs --broker-tls-cert, --broker-tls-key and "
+		    "--broker-tls-ca");
 	return 0;
 }
 
@@ -2106,6 +2131,8 @@ config_tcp_url(const char *url)
 	char *end;
 	long port;
 
+	if (strncmp(url, "tls+", 4) == 0)
+		url += 4;
 	if (strncmp(url, "tcp://", 6) != 0 ||
 	    (colon = strrchr(url + 6, ':')) == NULL || colon[1] == '\0')
 		return false;

@@ -26,6 +26,8 @@
 
 #include "ipc.pb-c.h"
 
+struct tls_ctx;
+
 #define IPC_VERSION 1u
 /*
  * The largest envelope either side sends or accepts; a frame over it
@@ -71,7 +73,13 @@ enum ipc_server_kind {
 struct ipc_server *ipc_server_new(struct ev_loop *loop, const char *url,
     enum ipc_server_kind kind, ipc_server_cb cb, void *arg);
 void ipc_server_free(struct ipc_server *srv);
-/* The TCP port a tcp:// REP server listens on; -1 otherwise. */
+/*
+ * REP on tls+tcp://host:port: nng's TLS wire, with a server context
+ * (shared/tls.h) that outlives the server. NULL (logged) on failure.
+ */
+struct ipc_server *ipc_server_new_tls(struct ev_loop *loop, const char *url,
+    struct tls_ctx *tls, ipc_server_cb cb, void *arg);
+/* The TCP port a tcp:// or tls+tcp:// REP server listens on; else -1. */
 int ipc_server_port(const struct ipc_server *srv);
 
 /* ---- client: REQ (frontend), or PUSH (poller) ---- */
@@ -100,6 +108,9 @@ enum ipc_client_kind {
  */
 struct ipc_client *ipc_client_new(struct ev_loop *loop, const char *url,
     enum ipc_client_kind kind, unsigned max_inflight);
+/* REQ to tls+tcp://host:port with a client context that outlives it. */
+struct ipc_client *ipc_client_new_tls(struct ev_loop *loop, const char *url,
+    struct tls_ctx *tls, unsigned max_inflight);
 /*
  * Cancels pending requests: each callback not yet run runs once with
  * NNG_ECLOSED before this returns. Safe to call from an ipc_reply_cb; the

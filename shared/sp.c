@@ -20,6 +20,7 @@
 #include <nng/nng.h>
 
 #include "shared/log.h"
+#include "shared/tls.h"
 #include "shared/xmalloc.h"
 
 #define SP_RECONN_MIN     0.02
@@ -30,6 +31,7 @@
 #define SP_ACCEPT_BURST   64
 #define SP_ACCEPT_PAUSE   0.1
 #define SP_LISTEN_QUEUE   128
+#define SP_TLS_RECORD     16384 /* bytes handed to one TLS write */
 
 #define SP_CONTAINER_OF(p, type, member)                                       \
 	((type *)(void *)((char *)(p)-offsetof(type, member)))
@@ -49,6 +51,9 @@ struct sp_conn {
 	int c_events;
 	uint16_t c_peer; /* protocol id the peer must announce */
 	bool c_typed; /* frames carry the IPC type byte (not over TCP) */
+	struct tls_conn *c_tls; /* tls+tcp://, else NULL */
+	size_t c_tls_wlen; /* a TLS write to retry with this length */
+	bool c_tls_wantw; /* TLS waits for the fd to be writable */
 	bool c_open; /* both headers exchanged */
 	size_t c_max; /* frame payload limit */
 	struct sp_buf c_in;
@@ -81,6 +86,8 @@ struct sp_client {
 	struct sockaddr_storage cl_addr;
 	socklen_t cl_addrlen;
 	char cl_name[SP_NAME_MAX]; /* the path or host:port, for logs */
+	struct tls_ctx *cl_tls; /* borrowed; NULL: no TLS */
+	char cl_host[SP_NAME_MAX]; /* the name the certificate must match */
 	enum sp_cstate cl_state;
 	struct sp_conn cl_conn;
 	ev_timer cl_timer; /* redial, handshake deadline, deferred loss */
@@ -114,6 +121,7 @@ struct sp_server {
 	ev_io srv_io;
 	ev_timer srv_pause; /* accept paused: out of descriptors */
 	bool srv_unix;
+	struct tls_ctx *srv_tls; /* borrowed; NULL: no TLS */
 	char srv_path[SP_NAME_MAX]; /* Unix: the socket file; TCP: host:port */
 	dev_t srv_dev;
 	ino_t srv_ino;
@@ -137,6 +145,8 @@ static int sp_tcp_resolve(const char *, bool, struct sockaddr_storage *,
     socklen_t *);
 static void sp_tcp_nodelay(int);
 static struct sp_client *sp_client_alloc(struct ev_loop *, unsigned, size_t);
+static struct sp_client *sp_client_tcp(struct ev_loop *, const char *,
+    struct tls_ctx *, unsigned, size_t);
 static struct sp_server *sp_server_start(struct ev_loop *, int, const char *,
     bool, size_t, sp_request_cb, void *);
 static void sp_conn_init(struct sp_conn *, int, uint16_t, uint16_t, size_t,
@@ -144,6 +154,8 @@ static void sp_conn_init(struct sp_conn *, int, uint16_t, uint16_t, size_t,
 static void sp_conn_close(struct ev_loop *, struct sp_conn *);
 static void sp_conn_events(struct ev_loop *, struct sp_conn *, int);
 static int sp_conn_read(struct sp_conn *);
+static int sp_conn_read_tls(struct sp_conn *);
+static int sp_conn_flush_tls(struct sp_conn *);
 static int sp_conn_flush(struct ev_loop *, struct sp_conn *);
 static int sp_conn_frame(struct sp_conn *, const uint8_t *, size_t,
     const uint8_t *, size_t);
@@ -425,6 +437,9 @@ sp_conn_init(struct sp_conn *c, int fd, uint16_t self, uint16_t peer,
 	c->c_events = 0;
 	c->c_peer = peer;
 	c->c_typed = typed;
+	c->c_tls = NULL;
+	c->c_tls_wlen = 0;
+	c->c_tls_wantw = false;
 	c->c_open = false;
 	c->c_max = max;
 	sp_header_make(h, self);
@@ -437,6 +452,10 @@ sp_conn_close(struct ev_loop *loop, struct sp_conn *c)
 	if (c->c_fd == -1)
 		return;
 	ev_io_stop(loop, &c->c_io);
+	tls_conn_free(c->c_tls);
+	c->c_tls = NULL;
+	c->c_tls_wlen = 0;
+	c->c_tls_wantw = false;
 	close(c->c_fd);
 	c->c_fd = -1;
 	c->c_events = 0;
@@ -474,6 +493,8 @@ sp_conn_read(struct sp_conn *c)
 		want = need - c->c_in.b_len;
 	if (sp_buf_reserve(&c->c_in, want) == -1)
 		return -1;
+	if (c->c_tls != NULL)
+		return sp_conn_read_tls(c);
 	n = read(c->c_fd, c->c_in.b_data + c->c_in.b_off + c->c_in.b_len,
 	    c->c_in.b_cap - c->c_in.b_off - c->c_in.b_len);
 	if (n == -1)
@@ -484,12 +505,81 @@ sp_conn_read(struct sp_conn *c)
 	return 0;
 }
 
+/*
+ * Reads what TLS has, mbedTLS's own buffer included (the fd does not
+ * signal it). 0, or -1 when the connection is done.
+ */
+static int
+sp_conn_read_tls(struct sp_conn *c)
+{
+	ssize_t n;
+
+	c->c_tls_wantw = false;
+	for (;;) {
+		n = tls_conn_read(c->c_tls,
+		    c->c_in.b_data + c->c_in.b_off + c->c_in.b_len,
+		    c->c_in.b_cap - c->c_in.b_off - c->c_in.b_len);
+		if (n == TLS_WANT_READ)
+			return 0;
+		if (n == TLS_WANT_WRITE) {
+			c->c_tls_wantw = true;
+			return 0;
+		}
+		if (n <= 0)
+			return -1;
+		c->c_in.b_len += (size_t)n;
+		if (tls_conn_pending(c->c_tls) == 0)
+			return 0;
+		if (sp_buf_reserve(&c->c_in, tls_conn_pending(c->c_tls)) == -1)
+			return -1;
+	}
+}
+
+/*
+ * The TLS side of a flush. A write that had to wait is retried with the
+ * same length (mbedTLS holds its record and reports that length). -1: the
+ * connection is done.
+ */
+static int
+sp_conn_flush_tls(struct sp_conn *c)
+{
+	size_t len;
+	ssize_t n;
+
+	c->c_tls_wantw = false;
+	while (c->c_out.b_len > 0) {
+		len = c->c_tls_wlen;
+		if (len == 0)
+			len = c->c_out.b_len < SP_TLS_RECORD ? c->c_out.b_len
+			                                     : SP_TLS_RECORD;
+		n = tls_conn_write(c->c_tls, c->c_out.b_data + c->c_out.b_off,
+		    len);
+		if (n == TLS_WANT_WRITE || n == TLS_WANT_READ) {
+			c->c_tls_wlen = len;
+			c->c_tls_wantw = n == TLS_WANT_WRITE;
+			return 0;
+		}
+		if (n <= 0)
+			return -1;
+		c->c_tls_wlen = 0;
+		sp_buf_consume(&c->c_out, (size_t)n);
+	}
+	return 0;
+}
+
 /* Writes what it can; EV_WRITE waits for the rest. -1: connection done. */
 static int
 sp_conn_flush(struct ev_loop *loop, struct sp_conn *c)
 {
 	ssize_t n;
 
+	if (c->c_tls != NULL) {
+		if (sp_conn_flush_tls(c) == -1)
+			return -1;
+		sp_conn_events(loop, c,
+		    EV_READ | (c->c_tls_wantw ? EV_WRITE : 0));
+		return 0;
+	}
 	while (c->c_out.b_len > 0) {
 		n = send(c->c_fd, c->c_out.b_data + c->c_out.b_off,
 		    c->c_out.b_len, MSG_NOSIGNAL);
@@ -598,9 +688,25 @@ struct sp_client *
 sp_client_new_tcp(struct ev_loop *loop, const char *hostport,
     unsigned max_inflight, size_t max_frame)
 {
+	return sp_client_tcp(loop, hostport, NULL, max_inflight, max_frame);
+}
+
+struct sp_client *
+sp_client_new_tls(struct ev_loop *loop, const char *hostport,
+    struct tls_ctx *tls, unsigned max_inflight, size_t max_frame)
+{
+	return sp_client_tcp(loop, hostport, tls, max_inflight, max_frame);
+}
+
+static struct sp_client *
+sp_client_tcp(struct ev_loop *loop, const char *hostport, struct tls_ctx *tls,
+    unsigned max_inflight, size_t max_frame)
+{
 	struct sockaddr_storage ss;
 	struct sp_client *cl;
+	const char *h = hostport;
 	socklen_t sl;
+	size_t hl;
 
 	if (sp_tcp_resolve(hostport, false, &ss, &sl) == -1)
 		return NULL;
@@ -609,6 +715,14 @@ sp_client_new_tcp(struct ev_loop *loop, const char *hostport,
 	cl->cl_addrlen = sl;
 	cl->cl_conn.c_typed = false;
 	snprintf(cl->cl_name, sizeof(cl->cl_name), "%s", hostport);
+	/* The certificate must name the host as written, brackets off. */
+	hl = (size_t)(strrchr(hostport, ':') - hostport);
+	if (hl >= 2 && h[0] == '[' && h[hl - 1] == ']') {
+		h++;
+		hl -= 2;
+	}
+	snprintf(cl->cl_host, sizeof(cl->cl_host), "%.*s", (int)hl, h);
+	cl->cl_tls = tls;
 	sp_client_dial(cl);
 	return cl;
 }
@@ -821,6 +935,14 @@ sp_client_dial(struct sp_client *cl)
 	if (!c->c_typed)
 		sp_tcp_nodelay(fd);
 	sp_conn_init(c, fd, SP_PROTO_REQ0, SP_PROTO_REP0, c->c_max, c->c_typed);
+	if (cl->cl_tls != NULL &&
+	    (c->c_tls = tls_conn_new_client(cl->cl_tls, fd, cl->cl_host)) ==
+	        NULL) {
+		close(fd);
+		c->c_fd = -1;
+		sp_client_lost(cl, NULL);
+		return;
+	}
 	ev_timer_stop(cl->cl_loop, &cl->cl_timer);
 	ev_timer_set(&cl->cl_timer, SP_HANDSHAKE_SECS, 0.);
 	ev_timer_start(cl->cl_loop, &cl->cl_timer);
@@ -1089,6 +1211,18 @@ sp_server_new_tcp(struct ev_loop *loop, const char *hostport, size_t max_frame,
 	return sp_server_start(loop, fd, hostport, false, max_frame, cb, arg);
 }
 
+struct sp_server *
+sp_server_new_tls(struct ev_loop *loop, const char *hostport,
+    struct tls_ctx *tls, size_t max_frame, sp_request_cb cb, void *arg)
+{
+	struct sp_server *srv;
+
+	if ((srv = sp_server_new_tcp(loop, hostport, max_frame, cb, arg)) !=
+	    NULL)
+		srv->srv_tls = tls;
+	return srv;
+}
+
 /* The server around a listening socket. */
 static struct sp_server *
 sp_server_start(struct ev_loop *loop, int fd, const char *name, bool unix_sock,
@@ -1214,6 +1348,13 @@ sp_server_accept_cb(struct ev_loop *loop, ev_io *w, int revents)
 		sp_conn_init(&sc->sc_conn, fd, SP_PROTO_REP0, SP_PROTO_REQ0,
 		    srv->srv_max, srv->srv_unix);
 		ev_io_init(&sc->sc_conn.c_io, sp_server_conn_cb, fd, 0);
+		if (srv->srv_tls != NULL &&
+		    (sc->sc_conn.c_tls =
+		            tls_conn_new_server(srv->srv_tls, fd)) == NULL) {
+			sp_conn_close(loop, &sc->sc_conn);
+			free(sc);
+			continue;
+		}
 		ev_timer_init(&sc->sc_timer, sp_server_hs_cb, SP_HANDSHAKE_SECS,
 		    0.);
 		ev_timer_start(loop, &sc->sc_timer);

@@ -27,6 +27,8 @@
 
 #include <ev.h>
 
+struct tls_ctx;
+
 #define SP_PROTO_REQ0     0x30
 #define SP_PROTO_REP0     0x31
 #define SP_HEADER_LEN     8
@@ -106,6 +108,14 @@ struct sp_client *sp_client_new(struct ev_loop *loop, const char *path,
 struct sp_client *sp_client_new_tcp(struct ev_loop *loop, const char *hostport,
     unsigned max_inflight, size_t max_frame);
 /*
+ * The same inside TLS (nng's tls+tcp:// wire: the SP bytes of tcp:// in
+ * a TLS stream). tls is a client context (shared/tls.h) that the caller
+ * keeps until the client is freed; the server certificate must name the
+ * host of hostport. A failed handshake counts as a lost connection.
+ */
+struct sp_client *sp_client_new_tls(struct ev_loop *loop, const char *hostport,
+    struct tls_ctx *tls, unsigned max_inflight, size_t max_frame);
+/*
  * Every request not yet completed completes once with NNG_ECLOSED before
  * this returns; called from an sp_reply_cb, the others complete after
  * the callback returns. sp_client_free(NULL) is a no-op.
@@ -161,6 +171,13 @@ struct sp_server *sp_server_new(struct ev_loop *loop, const char *path,
  */
 struct sp_server *sp_server_new_tcp(struct ev_loop *loop, const char *hostport,
     size_t max_frame, sp_request_cb cb, void *arg);
+/*
+ * The same inside TLS, with a server context (shared/tls.h) the caller
+ * keeps until the server is freed; a context made with a CA requires
+ * every peer's certificate (tls_ctx_new_server_mutual).
+ */
+struct sp_server *sp_server_new_tls(struct ev_loop *loop, const char *hostport,
+    struct tls_ctx *tls, size_t max_frame, sp_request_cb cb, void *arg);
 /* The TCP port a server listens on; -1 for a Unix socket. */
 int sp_server_port(const struct sp_server *srv);
 /*

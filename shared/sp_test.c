@@ -30,6 +30,7 @@
 
 #include "shared/log.h"
 #include "shared/sp.h"
+#include "shared/tls.h"
 
 #define TEST_MAX   (1024 * 1024)
 #define BIG_LEN    (8 * 1024 * 1024)
@@ -1203,6 +1204,138 @@ test_tcp_client_server_restart(void **state)
 	sp_server_free(srv);
 }
 
+/* ------------------------------------------------------------------ TLS */
+
+/* A CA, a server certificate for localhost, a client one, a stranger. */
+static int
+make_certs(const char *d)
+{
+	char cmd[2048];
+
+	snprintf(cmd, sizeof(cmd),
+	    "(cd %s && E='-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 "
+	    "-nodes' && "
+	    "openssl req -x509 $E -keyout ca.key -out ca.crt "
+	    "-subj /CN=sp-test-ca -days 2 && "
+	    "openssl req -x509 $E -keyout other.key -out other.crt "
+	    "-subj /CN=sp-other-ca -days 2 && "
+	    "printf 'subjectAltName=DNS:localhost\\n' > ext.cnf && "
+	    "openssl req $E -keyout srv.key -out srv.csr -subj /CN=localhost "
+	    "&& "
+	    "openssl x509 -req -in srv.csr -CA ca.crt -CAkey ca.key "
+	    "-set_serial 2 -days 2 -extfile ext.cnf -out srv.crt && "
+	    "openssl req $E -keyout cli.key -out cli.csr -subj /CN=frontend && "
+	    "openssl x509 -req -in cli.csr -CA ca.crt -CAkey ca.key "
+	    "-set_serial 3 -days 2 -out cli.crt && "
+	    "openssl req $E -keyout bad.key -out bad.csr -subj /CN=stranger && "
+	    "openssl x509 -req -in bad.csr -CA other.crt -CAkey other.key "
+	    "-set_serial 4 -days 2 -out bad.crt) >/dev/null 2>&1",
+	    d);
+	return system(cmd);
+}
+
+static struct tls_ctx *
+tls_client(const char *d, const char *name)
+{
+	char ca[256], crt[256], key[256];
+	const char *cas[2] = { ca, NULL };
+
+	snprintf(ca, sizeof(ca), "%s/ca.crt", d);
+	snprintf(crt, sizeof(crt), "%s/%s.crt", d, name);
+	snprintf(key, sizeof(key), "%s/%s.key", d, name);
+	return tls_ctx_new_client(cas, name != NULL ? crt : NULL,
+	    name != NULL ? key : NULL);
+}
+
+/*
+ * tls+tcp:// with certificates both ways: a known client is answered
+ * (small requests and a frame larger than a TLS record); a client with
+ * no certificate, or one from another CA, is never heard.
+ */
+static void
+test_tls_mutual(void **state)
+{
+	struct fixture *fx = *state;
+	char crt[256], key[256], ca[256], hp[64];
+	struct tls_ctx *sctx, *good, *anon, *bad;
+	struct sp_server *srv;
+	struct sp_client *cl, *cl_anon, *cl_bad;
+	struct rec r[16], ra = { 0 }, rb = { 0 };
+	uint8_t *big;
+	char msg[32];
+	int i, done = 0, seen = 0;
+
+	assert_int_equal(make_certs(fx->fx_dir), 0);
+	snprintf(crt, sizeof(crt), "%s/srv.crt", fx->fx_dir);
+	snprintf(key, sizeof(key), "%s/srv.key", fx->fx_dir);
+	snprintf(ca, sizeof(ca), "%s/ca.crt", fx->fx_dir);
+	assert_null(tls_ctx_new_server_mutual(crt, key, NULL));
+	sctx = tls_ctx_new_server_mutual(crt, key, ca);
+	assert_non_null(sctx);
+	good = tls_client(fx->fx_dir, "cli");
+	anon = tls_client(fx->fx_dir, NULL);
+	bad = tls_client(fx->fx_dir, "bad");
+	assert_non_null(good);
+	assert_non_null(anon);
+	assert_non_null(bad);
+	srv = sp_server_new_tls(fx->fx_loop, "127.0.0.1:0", sctx, TEST_MAX,
+	    echo_cb, &seen);
+	assert_non_null(srv);
+	snprintf(hp, sizeof(hp), "localhost:%d", sp_server_port(srv));
+	cl = sp_client_new_tls(fx->fx_loop, hp, good, 16, TEST_MAX);
+	cl_anon = sp_client_new_tls(fx->fx_loop, hp, anon, 1, TEST_MAX);
+	cl_bad = sp_client_new_tls(fx->fx_loop, hp, bad, 1, TEST_MAX);
+	assert_non_null(cl);
+	assert_non_null(cl_anon);
+	assert_non_null(cl_bad);
+	memset(r, 0, sizeof(r));
+	for (i = 0; i < 15; i++) {
+		r[i].r_counter = &done;
+		snprintf(msg, sizeof(msg), "tls-%d", i);
+		assert_int_equal(sp_client_send(cl, (const uint8_t *)msg,
+		                     strlen(msg), IO_TIMEOUT, rec_cb, &r[i]),
+		    0);
+	}
+	big = malloc(TEST_MAX / 2);
+	assert_non_null(big);
+	memset(big, 'b', TEST_MAX / 2);
+	r[15].r_counter = &done;
+	assert_int_equal(
+	    sp_client_send(cl, big, TEST_MAX / 2, IO_TIMEOUT, rec_cb, &r[15]),
+	    0);
+	free(big);
+	ra.r_counter = rb.r_counter = &done;
+	assert_int_equal(sp_client_send(cl_anon, (const uint8_t *)"anon", 4,
+	                     1500, rec_cb, &ra),
+	    0);
+	assert_int_equal(sp_client_send(cl_bad, (const uint8_t *)"bad", 3, 1500,
+	                     rec_cb, &rb),
+	    0);
+	assert_true(run_until(fx->fx_loop, &done, 18, 20.0));
+	for (i = 0; i < 15; i++) {
+		snprintf(msg, sizeof(msg), ">tls-%d", i);
+		assert_int_equal(r[i].r_status, 0);
+		assert_string_equal(r[i].r_body, msg);
+	}
+	assert_int_equal(r[15].r_status, 0);
+	assert_int_equal(r[15].r_len, TEST_MAX / 2 + 1);
+	assert_int_equal(ra.r_status, NNG_ETIMEDOUT);
+	assert_int_equal(rb.r_status, NNG_ETIMEDOUT);
+	assert_int_equal(seen, 16);
+	sp_client_free(cl);
+	sp_client_free(cl_anon);
+	sp_client_free(cl_bad);
+	sp_server_free(srv);
+	tls_ctx_free(good);
+	tls_ctx_free(anon);
+	tls_ctx_free(bad);
+	tls_ctx_free(sctx);
+	snprintf(crt, sizeof(crt),
+	    "cd %s && rm -f ca.* other.* srv.* cli.* bad.* ext.cnf",
+	    fx->fx_dir);
+	assert_int_equal(system(crt), 0);
+}
+
 int
 main(void)
 {
@@ -1245,6 +1378,8 @@ main(void)
 		    setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tcp_client_server_restart,
 		    setup, teardown),
+		cmocka_unit_test_setup_teardown(test_tls_mutual, setup,
+		    teardown),
 	};
 
 	log_init("sp_test", LOG_LEVEL_WARN);
