@@ -13,6 +13,7 @@ In one run, alternating ROUNDS times:
               read from fine histogram buckets (bucket upper bounds)
   gateway-tcp the same through a frontend of another run dir ("host")
               that reaches the broker over --broker tcp://127.0.0.1:PORT
+  gateway-tls the same over tls+tcp:// with mutual certificates
 
 usage: broker_rtt.py [--build-dir DIR] [--rounds N] [--count N]
 Prints one JSON object per measurement, then each transport's median
@@ -54,7 +55,36 @@ def quantile(buckets, q):
     return float("inf")
 
 
-def remote_frontend(tmp, burl):
+def certs(tmp):
+    """CA, broker (localhost) and frontend certificates; the broker's and
+    the frontend's --broker-tls-* arguments."""
+    d = tmp / "certs"
+    d.mkdir()
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+          "-nodes"]
+
+    def ossl(*args):
+        subprocess.run(["openssl", *args], cwd=d, check=True,
+                       capture_output=True)
+    ossl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt",
+         "-subj", "/CN=rtt-ca", "-days", "2")
+    (d / "ext.cnf").write_text("subjectAltName=DNS:localhost\n")
+    for i, (name, cn) in enumerate((("brain", "localhost"),
+                                    ("fe", "frontend"))):
+        ossl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr",
+             "-subj", f"/CN={cn}")
+        ossl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt",
+             "-CAkey", "ca.key", "-set_serial", str(i + 2), "-days", "2",
+             "-extfile", "ext.cnf", "-out", f"{name}.crt")
+
+    def args(name):
+        return ["--broker-tls-cert", str(d / f"{name}.crt"),
+                "--broker-tls-key", str(d / f"{name}.key"),
+                "--broker-tls-ca", str(d / "ca.crt")]
+    return args("brain"), args("fe")
+
+
+def remote_frontend(tmp, burl, extra=()):
     """One smg-frontend with a run dir of its own and --broker burl."""
     import util
     run = tmp / "remote" / "run"
@@ -69,7 +99,8 @@ def remote_frontend(tmp, burl):
                              "--prometheus-duration-buckets", BUCKETS,
                              "--run-dir", str(run), "--state-dir",
                              str(state), "--frontends", "1",
-                             "--frontend-slot", "0", "--broker", burl],
+                             "--frontend-slot", "0", "--broker", burl,
+                             *extra],
                   tmp)
 
     def ready():
@@ -82,23 +113,31 @@ def remote_frontend(tmp, burl):
     return p, port, mport
 
 
-def gateway(count, remote=False):
+def gateway(count, remote=None):
+    """remote: None (the gateway's own frontend), "tcp" or "tls"."""
     import gw
     import sim
     import util
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="broker-rtt."))
     w = sim.start_simworker(tmp, "--time-scale", "0")
-    burl = f"tcp://127.0.0.1:{util.free_port()}"
+    port = util.free_port()
+    burl = f"tcp://127.0.0.1:{port}"
+    fe_url, bargs, fargs = burl, [], []
+    if remote == "tls":
+        burl = f"tls+tcp://127.0.0.1:{port}"
+        fe_url = f"tls+tcp://localhost:{port}"
+        bargs, fargs = certs(tmp)
     rp = None
     try:
         with gw.start_gateway(tmp, "--policy", "round_robin",
                               "--worker-urls", w.url,
                               "--prometheus-duration-buckets",
-                              BUCKETS, "--broker-listen", burl) as g:
+                              BUCKETS, "--broker-listen", burl,
+                              *bargs) as g:
             g.wait_ready(1)
             port, mport = g.port, g.metrics_port
             if remote:
-                rp, port, mport = remote_frontend(tmp, burl)
+                rp, port, mport = remote_frontend(tmp, fe_url, fargs)
             c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
             body = json.dumps({"text": "hello " * 40,
                                "sampling_params": {"max_new_tokens": 1}})
@@ -124,7 +163,7 @@ def gateway(count, remote=False):
                       m).group(1))
     fb = re.search(r"^smg_broker_fallback_decisions_total(?:\{\})? (\d+)",
                    m, re.M)
-    return {"transport": "gateway-tcp" if remote else "gateway",
+    return {"transport": f"gateway-{remote}" if remote else "gateway",
             "count": n,
             "p50_us": quantile(bk, 0.5) * 1e6,
             "p99_us": quantile(bk, 0.99) * 1e6,
@@ -156,7 +195,7 @@ def main():
             r["transport"] = name
             print(json.dumps(r), flush=True)
             res.setdefault(name, []).append(r)
-        for remote in (False, True):
+        for remote in (None, "tcp", "tls"):
             r = gateway(a.gateway_count, remote)
             print(json.dumps(r), flush=True)
             res.setdefault(r["transport"], []).append(r)

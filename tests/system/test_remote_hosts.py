@@ -27,7 +27,7 @@ PREFIX = ("Shared system text for the whole fleet. " * 60)
 class RemoteGroup:
     """smg-frontend processes with their own run dir and --broker URL."""
 
-    def __init__(self, tmp_path, broker_url, n=1, name="hostB"):
+    def __init__(self, tmp_path, broker_url, n=1, name="hostB", extra=()):
         self.run_dir = str(tmp_path / name / "run")
         self.state_dir = str(tmp_path / name / "state")
         os.makedirs(self.run_dir, mode=0o700)
@@ -43,7 +43,7 @@ class RemoteGroup:
                     "--run-dir", self.run_dir,
                     "--state-dir", self.state_dir,
                     "--frontends", str(n), "--frontend-slot", str(slot),
-                    "--broker", broker_url]
+                    "--broker", broker_url, *extra]
             self.procs.append(util.Proc(f"{name}-fe{slot}", argv, tmp_path))
 
     def get(self, path, **kw):
@@ -263,5 +263,86 @@ def test_remote_load_reaches_the_broker(tmp_path):
     finally:
         if b is not None:
             b.kill()
+        for w in ws:
+            w.stop()
+
+
+def make_certs(d):
+    """A CA, the broker's certificate for localhost, a frontend's, and a
+    frontend certificate from another CA."""
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+          "-nodes"]
+
+    def ossl(*args):
+        subprocess.run(["openssl", *args], cwd=d, check=True,
+                       capture_output=True)
+    ossl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt",
+         "-subj", "/CN=fleet-ca", "-days", "2")
+    ossl("req", "-x509", *ec, "-keyout", "other.key", "-out", "other.crt",
+         "-subj", "/CN=other-ca", "-days", "2")
+    with open(os.path.join(d, "ext.cnf"), "w") as f:
+        f.write("subjectAltName=DNS:localhost\n")
+    for name, cn, ca in (("brain", "localhost", "ca"),
+                         ("fe", "frontend", "ca"),
+                         ("stranger", "frontend", "other")):
+        ossl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr",
+             "-subj", f"/CN={cn}")
+        ossl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.crt",
+             "-CAkey", f"{ca}.key", "-set_serial", str(len(name)),
+             "-days", "2", "-extfile", "ext.cnf", "-out", f"{name}.crt")
+    return {n: os.path.join(d, n) for n in os.listdir(d)}
+
+
+def test_remote_group_over_mutual_tls(tmp_path):
+    certs = tmp_path / "certs"
+    certs.mkdir()
+    c = make_certs(str(certs))
+    ws = [sim.start_simworker(tmp_path, "--time-scale", "0")
+          for _ in range(2)]
+    bport = util.free_port()
+    b = bad = None
+    try:
+        with gw.start_gateway(tmp_path, "--policy", "cache_aware",
+                              "--worker-urls", ws[0].url, ws[1].url,
+                              "--broker-listen",
+                              f"tls+tcp://127.0.0.1:{bport}",
+                              "--broker-tls-cert", c["brain.crt"],
+                              "--broker-tls-key", c["brain.key"],
+                              "--broker-tls-ca", c["ca.crt"]) as g:
+            g.wait_ready(2)
+            url = f"tls+tcp://localhost:{bport}"
+            b = RemoteGroup(tmp_path, url, extra=(
+                "--broker-tls-cert", c["fe.crt"],
+                "--broker-tls-key", c["fe.key"],
+                "--broker-tls-ca", c["ca.crt"]))
+            bad = RemoteGroup(tmp_path, url, name="hostC", extra=(
+                "--broker-tls-cert", c["stranger.crt"],
+                "--broker-tls-key", c["stranger.key"],
+                "--broker-tls-ca", c["ca.crt"]))
+            util.wait_for(lambda: mirrored_urls(b) >= 2, timeout=15,
+                          what="B mirrors two ready workers over TLS")
+            r = completion(g, " warm over TLS")
+            assert r.status == 200, r
+            warmed = r.headers["x-smg-routed-worker-id"]
+            r = completion(b, " through B over TLS")
+            assert r.status == 200, r
+            assert r.headers["x-smg-routed-worker-id"] == warmed
+            assert metric(b, "smg_broker_fallback_decisions_total") == 0
+            # A frontend whose certificate the broker does not trust gets
+            # nothing from it: no table, and its worker API is refused.
+            time.sleep(1.0)
+            assert mirrored_urls(bad) == 0
+            assert bad.models() == []
+            r = bad.post("/workers", {"url": "http://127.0.0.1:1"})
+            assert r.status == 503, r
+            bad.stop()
+            bad = None
+            b.stop()
+            b = None
+            g.stop()
+    finally:
+        for x in (b, bad):
+            if x is not None:
+                x.kill()
         for w in ws:
             w.stop()
