@@ -169,38 +169,41 @@ def test_broker_killed_under_remote_load(tmp_path):
           for _ in range(2)]
     bport = util.free_port()
     burl = f"tcp://127.0.0.1:{bport}"
-    b = None
+    groups = []
     try:
         with gw.start_gateway(tmp_path, "--policy", "cache_aware",
                               "--worker-urls", ws[0].url, ws[1].url,
                               "--broker-listen", burl) as g:
             g.wait_ready(2)
-            b = RemoteGroup(tmp_path, burl, n=2)
-            util.wait_for(lambda: mirrored_urls(b) >= 2, timeout=15,
-                          what="B mirrors two ready workers")
+            # Two remote groups of two frontends each.
+            groups = [RemoteGroup(tmp_path, burl, n=2, name=name)
+                      for name in ("hostB", "hostC")]
+            for x in groups:
+                util.wait_for(lambda: mirrored_urls(x) >= 2, timeout=15,
+                              what="a remote group mirrors two workers")
             stop = threading.Event()
             results = []
             lock = threading.Lock()
 
-            def load(k):
+            def load(x, k):
                 i = 0
                 while not stop.is_set():
                     try:
-                        r = completion(b, f" load {k} {i}", timeout=20)
+                        r = completion(x, f" load {k} {i}", timeout=20)
                         st = r.status
                     except Exception as e:  # a failed request counts
                         st = repr(e)
                     with lock:
                         results.append(st)
                     i += 1
-            threads = [threading.Thread(target=load, args=(k,))
-                       for k in range(4)]
+            threads = [threading.Thread(target=load, args=(x, k))
+                       for x in groups for k in range(3)]
             for t in threads:
                 t.start()
             time.sleep(1.0)
             broker = g.pids()["broker"][0]
             os.kill(broker, signal.SIGKILL)
-            # The launcher restarts it; B reconnects over tcp://.
+            # The launcher restarts it; the groups reconnect over tcp://.
             util.wait_for(lambda: g.pids()["broker"] and
                           g.pids()["broker"][0] != broker, timeout=20,
                           what="a new broker")
@@ -211,16 +214,28 @@ def test_broker_killed_under_remote_load(tmp_path):
             failed = [s for s in results if s != 200]
             assert len(results) > 50, len(results)
             assert not failed, failed[:10]
-            # Back on the broker after the restart: decisions, not the
-            # fallback (B's table is current again).
-            r = completion(b, " after the restart")
+            # Both groups are back on the (restarted) broker: a prompt
+            # warmed through one lands on the same worker through the
+            # other, which only the broker's tree can tell.
+            fb = [metric(x, "smg_broker_fallback_decisions_total")
+                  for x in groups]
+            print(f"{len(results)} requests, 0 failed, fallback "
+                  f"decisions per group {fb}")
+            r = completion(groups[0], " after the restart")
             assert r.status == 200, r
-            b.stop()
-            b = None
+            r2 = completion(groups[1], " after the restart")
+            assert r2.status == 200, r2
+            assert r.headers["x-smg-routed-worker-id"] == \
+                r2.headers["x-smg-routed-worker-id"]
+            assert [metric(x, "smg_broker_fallback_decisions_total")
+                    for x in groups] == fb
+            for x in groups:
+                x.stop()
+            groups = []
             g.stop()
     finally:
-        if b is not None:
-            b.kill()
+        for x in groups:
+            x.kill()
         for w in ws:
             w.stop()
 
