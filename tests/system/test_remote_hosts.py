@@ -368,3 +368,35 @@ def test_remote_group_over_mutual_tls(tmp_path):
                 x.kill()
         for w in ws:
             w.stop()
+
+
+def test_launcher_runs_a_frontend_only_host(tmp_path):
+    """smg --broker URL: only frontends on this host, none of its own
+    broker or poller; it serves through the shared broker."""
+    ws = [sim.start_simworker(tmp_path, "--time-scale", "0")]
+    bport = util.free_port()
+    burl = f"tcp://127.0.0.1:{bport}"
+    host = tmp_path / "hostL"
+    host.mkdir()
+    try:
+        with gw.start_gateway(tmp_path, "--policy", "round_robin",
+                              "--worker-urls", ws[0].url,
+                              "--broker-listen", burl) as g:
+            g.wait_ready(1)
+            with gw.start_gateway(host, "--broker", burl,
+                                  frontends=2) as h:
+                h.wait_ready(1)
+                util.wait_for(lambda: len(h.pids()["frontend"]) == 2,
+                              what="two frontends")
+                assert h.pids()["broker"] == [] and \
+                    h.pids()["poller"] == [], h.pids()
+                r = h.post("/generate", {"text": "hi"})
+                assert r.status == 200, r
+                assert r.headers["x-smg-routed-worker-id"] == ws[0].url
+                assert metric(h, "smg_broker_fallback_decisions_total") \
+                    == 0
+                h.stop()
+            g.stop()
+    finally:
+        for w in ws:
+            w.stop()
