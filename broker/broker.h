@@ -919,6 +919,8 @@ void reports_eval_overload(struct broker *br, struct worker *w);
  */
 uint8_t *remote_sync(struct broker *br, const Smg__HostSync *hs,
     size_t *reply_len);
+/* The live load a RouteBatch carries: taken as a HostSync's, no reply. */
+void remote_report(struct broker *br, const Smg__HostSync *hs);
 uint32_t remote_in_flight(const struct broker *br, unsigned slot);
 uint64_t remote_pending(const struct broker *br, unsigned slot);
 size_t remote_nsources(const struct broker *br);

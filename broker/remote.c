@@ -196,20 +196,30 @@ remote_table(struct broker *br, Smg__HostTable *t)
 	}
 }
 
+void
+remote_report(struct broker *br, const Smg__HostSync *hs)
+{
+	uint64_t now = shm_now_ms();
+
+	if (hs->host == NULL || hs->host[0] == '\0')
+		return;
+	remote_sweep(br, now);
+	remote_take(br, hs, now);
+}
+
 uint8_t *
 remote_sync(struct broker *br, const Smg__HostSync *hs, size_t *reply_len)
 {
 	Smg__BrokerReply r = SMG__BROKER_REPLY__INIT;
 	Smg__HostTable t = SMG__HOST_TABLE__INIT;
-	uint64_t now = shm_now_ms(), gen;
+	uint64_t gen;
 	uint8_t *out;
 	size_t i;
 
 	if (hs->host == NULL || hs->host[0] == '\0')
 		return ipc_pack_error("malformed", "host sync without a host",
 		    reply_len);
-	remote_sweep(br, now);
-	remote_take(br, hs, now);
+	remote_report(br, hs);
 	/* Read before the copy: a change meanwhile is seen next time. */
 	gen = shm_workers_generation(br->br_shm);
 	t.generation = gen;

@@ -399,6 +399,9 @@ server_frontend(struct broker *br, const uint8_t *msg, size_t len,
 		out = ipc_pack_broker(&r, reply_len);
 		break;
 	case SMG__FRONTEND_MSG__BODY_ROUTE_BATCH:
+		/* A remote frontend's load counts for this batch already. */
+		if (m->route_batch->live != NULL)
+			remote_report(br, m->route_batch->live);
 		if (route_batch(br, m->route_batch, &db) == -1) {
 			out = ipc_pack_error("internal", "out of memory",
 			    reply_len);

@@ -388,6 +388,8 @@ decide_send(struct decide_batch *b, struct decide_item **items, size_t n)
 	}
 	rb.n_outcomes = decide_noutcomes;
 	rb.outcomes = op;
+	/* From another host: the broker sees this row's load with it. */
+	rb.live = hostsync_live();
 	budget = IPC_MAX_MSG - DECIDE_ENVELOPE_SLACK -
 	    smg__route_batch__get_packed_size(&rb);
 	for (k = 0; k < n; k++) {

@@ -367,6 +367,12 @@ void hostsync_shutdown(void);
  */
 bool hostsync_broker_alive(void);
 /*
+ * With --broker: this row's live load now, in a message owned by
+ * hostsync.c and valid until the next call (decide.c sends it with each
+ * RouteBatch). NULL without --broker.
+ */
+Smg__HostSync *hostsync_live(void);
+/*
  * Queues a routing question; every question queued during one loop turn
  * travels in one RouteBatch. di_cb runs later (never inside this call),
  * with the broker's decision or, when the broker is unreachable, the local

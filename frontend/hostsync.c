@@ -1,8 +1,9 @@
 /*
  * hostsync.c: a frontend on another host than its broker (--broker
- * tcp://...). Its host has shared memory of its own, so every
- * HOSTSYNC_SECS it tells the broker its row's live load (requests in
- * flight and prompt tokens pending per worker slot), and the frontend of
+ * tcp://...). Its host has shared memory of its own, so with every
+ * decision batch and at least every HOSTSYNC_SECS it tells the broker its
+ * row's live load (requests in flight and prompt tokens pending per worker
+ * slot), and the frontend of
  * row 0 mirrors the broker's worker table into the local segment: it
  * sends the registry generation it holds and gets the whole table back
  * when that is not the broker's. While the broker is away the last table
@@ -26,6 +27,10 @@ static bool hostsync_pending;
 static bool hostsync_mirror; /* this frontend writes the worker table */
 static uint64_t hostsync_generation; /* the broker's, last mirrored */
 static char hostsync_host[512];
+/* The last report, rebuilt by hostsync_live. */
+static Smg__HostSync hostsync_msg;
+static Smg__WorkerLive hostsync_lv[SHM_MAX_WORKERS];
+static Smg__WorkerLive *hostsync_lvp[SHM_MAX_WORKERS];
 
 static void hostsync_timer_cb(struct ev_loop *, ev_timer *, int);
 static void hostsync_reply_cb(void *, int, const uint8_t *, size_t);
@@ -66,28 +71,22 @@ hostsync_broker_alive(void)
 	return ipc_client_down_secs(fe->fe_broker) == 0.;
 }
 
-static void
-hostsync_timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
+Smg__HostSync *
+hostsync_live(void)
 {
-	Smg__FrontendMsg m = SMG__FRONTEND_MSG__INIT;
-	Smg__HostSync hs = SMG__HOST_SYNC__INIT;
-	Smg__WorkerLive *lv = NULL, **lvp = NULL;
-	struct shm_segment *seg = shm_segment(fe->fe_shm);
-	struct shm_row *row = &seg->sh_rows[fe->fe_row];
+	struct shm_segment *seg;
+	struct shm_row *row;
 	struct shm_worker sw;
-	uint8_t *buf;
-	size_t len, n = 0;
+	Smg__HostSync *hs = &hostsync_msg;
 	unsigned s;
 	uint32_t inf;
 	int64_t pend;
+	size_t n = 0;
 
-	(void)loop;
-	(void)w;
-	(void)revents;
-	if (hostsync_pending)
-		return;
-	lv = xcalloc(SHM_MAX_WORKERS, sizeof(*lv));
-	lvp = xcalloc(SHM_MAX_WORKERS, sizeof(*lvp));
+	if (!hostsync_on)
+		return NULL;
+	seg = shm_segment(fe->fe_shm);
+	row = &seg->sh_rows[fe->fe_row];
 	for (s = 0; s < SHM_MAX_WORKERS; s++) {
 		inf = atomic_load_explicit(&row->row_inflight[s],
 		    memory_order_relaxed);
@@ -96,32 +95,47 @@ hostsync_timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
 		if ((inf == 0 && pend <= 0) ||
 		    shm_worker_read(fe->fe_shm, s, &sw) == -1)
 			continue;
-		smg__worker_live__init(&lv[n]);
-		lv[n].slot = s;
-		lv[n].generation = sw.sw_generation;
-		lv[n].in_flight = inf;
-		lv[n].pending_tokens = pend > 0 ? (uint64_t)pend : 0;
-		lvp[n] = &lv[n];
+		smg__worker_live__init(&hostsync_lv[n]);
+		hostsync_lv[n].slot = s;
+		hostsync_lv[n].generation = sw.sw_generation;
+		hostsync_lv[n].in_flight = inf;
+		hostsync_lv[n].pending_tokens = pend > 0 ? (uint64_t)pend : 0;
+		hostsync_lvp[n] = &hostsync_lv[n];
 		n++;
 	}
-	hs.host = hostsync_host;
-	hs.frontend_slot = (uint32_t)fe->fe_row;
-	hs.want_table = hostsync_mirror;
-	hs.table_generation = hostsync_generation;
-	hs.interval_ms = (uint32_t)(HOSTSYNC_SECS * 1000);
-	hs.n_live = n;
-	hs.live = lvp;
+	smg__host_sync__init(hs);
+	hs->host = hostsync_host;
+	hs->frontend_slot = (uint32_t)fe->fe_row;
+	hs->interval_ms = (uint32_t)(HOSTSYNC_SECS * 1000);
+	hs->n_live = n;
+	hs->live = hostsync_lvp;
+	return hs;
+}
+
+static void
+hostsync_timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	Smg__FrontendMsg m = SMG__FRONTEND_MSG__INIT;
+	Smg__HostSync *hs;
+	uint8_t *buf;
+	size_t len;
+
+	(void)loop;
+	(void)w;
+	(void)revents;
+	if (hostsync_pending || (hs = hostsync_live()) == NULL)
+		return;
+	hs->want_table = hostsync_mirror;
+	hs->table_generation = hostsync_generation;
 	m.version = IPC_VERSION;
 	m.body_case = SMG__FRONTEND_MSG__BODY_HOST_SYNC;
-	m.host_sync = &hs;
+	m.host_sync = hs;
 	if ((buf = ipc_pack_frontend(&m, &len)) != NULL) {
 		if (ipc_client_send(fe->fe_broker, buf, len,
 		        FE_BROKER_TIMEOUT_MS, hostsync_reply_cb, NULL) == 0)
 			hostsync_pending = true;
 		free(buf);
 	}
-	free(lvp);
-	free(lv);
 }
 
 static void
