@@ -6,6 +6,7 @@ In one run, alternating ROUNDS times:
   sp          bench-ipc-rtt --transport sp: shared/ipc.h REQ -> REP echo,
               both on libev loops (the frontend-broker transport)
   sp-tcp      the same over tcp:// on loopback (remote frontends)
+  sp-tls      the same over tls+tcp:// with mutual certificates
   nng         bench-ipc-rtt --transport nng: libnng REQ/REP with contexts
               and ev_async, the transport before sp.c
   gateway     smg (1 frontend, round_robin, a simworker --time-scale 0):
@@ -188,6 +189,8 @@ def main():
                         "--count", str(a.count)]),
                 ("sp-tcp", [str(b / "bench-ipc-rtt"), "--transport",
                             "sp-tcp", "--count", str(a.count)]),
+                ("sp-tls", [str(b / "bench-ipc-rtt"), "--transport",
+                            "sp-tls", "--count", str(a.count)]),
                 ("nng", [str(b / "bench-ipc-rtt"), "--transport", "nng",
                          "--count", str(a.count)])]
         for name, argv in runs:
