@@ -6,12 +6,16 @@ memory, and reach the broker of group A only over tcp:// on loopback.
 The remote group mirrors the worker table, routes through the shared
 broker (a prefix warmed through A is found through B), sees a worker
 added through its own API, and loses no request when the broker is
-killed under load (the local fallback on the mirrored table).
+killed under load (the local fallback on the mirrored table), and keeps
+serving through a partition of its link, then rejoins. `smg --broker`
+starts a frontend-only host; tls+tcp:// needs the broker's trust.
 """
 import json
 import os
 import re
+import select
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -398,5 +402,102 @@ def test_launcher_runs_a_frontend_only_host(tmp_path):
                 h.stop()
             g.stop()
     finally:
+        for w in ws:
+            w.stop()
+
+
+class Partition:
+    """A TCP relay between a remote group and the broker that can stop
+    carrying bytes both ways (a network partition: nothing is closed,
+    nothing arrives) and carry them again."""
+
+    def __init__(self, target_port):
+        self.target = target_port
+        self.lsock = socket.socket()
+        self.lsock.bind(("127.0.0.1", 0))
+        self.lsock.listen(16)
+        self.port = self.lsock.getsockname()[1]
+        self.open = threading.Event()
+        self.open.set()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        pairs = {}
+        while not self.stop.is_set():
+            socks = [self.lsock] + (list(pairs) if self.open.is_set()
+                                    else [])
+            r, _, _ = select.select(socks, [], [], 0.02)
+            for s in r:
+                if s is self.lsock:
+                    c, _ = s.accept()
+                    u = socket.create_connection(("127.0.0.1",
+                                                  self.target))
+                    pairs[c], pairs[u] = u, c
+                    continue
+                try:
+                    data = s.recv(65536)
+                except OSError:
+                    data = b""
+                peer = pairs.get(s)
+                if not data or peer is None:
+                    for x in (s, peer):
+                        if x is not None:
+                            pairs.pop(x, None)
+                            x.close()
+                    continue
+                peer.sendall(data)
+        for x in list(pairs) + [self.lsock]:
+            x.close()
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(timeout=5)
+
+
+def test_partitioned_group_fails_open_and_rejoins(tmp_path):
+    ws = [sim.start_simworker(tmp_path, "--time-scale", "0")
+          for _ in range(2)]
+    bport = util.free_port()
+    part = None
+    b = None
+    try:
+        with gw.start_gateway(tmp_path, "--policy", "cache_aware",
+                              "--worker-urls", ws[0].url, ws[1].url,
+                              "--broker-listen",
+                              f"tcp://127.0.0.1:{bport}") as g:
+            g.wait_ready(2)
+            part = Partition(bport)
+            b = RemoteGroup(tmp_path, f"tcp://127.0.0.1:{part.port}")
+            util.wait_for(lambda: mirrored_urls(b) >= 2, timeout=15,
+                          what="B mirrors two ready workers")
+            r = completion(b, " before")
+            assert r.status == 200, r
+            assert metric(b, "smg_broker_fallback_decisions_total") == 0
+            part.open.clear()  # partitioned
+            statuses = [completion(b, f" cut off {i}").status
+                        for i in range(20)]
+            assert statuses == [200] * 20, statuses
+            during = metric(b, "smg_broker_fallback_decisions_total")
+            assert during >= 1, during
+            part.open.set()  # healed: B goes back to the broker
+
+            def rejoined():
+                before = metric(b, "smg_broker_fallback_decisions_total")
+                r = completion(b, " rejoined")
+                return r.status == 200 and metric(
+                    b, "smg_broker_fallback_decisions_total") == before
+            util.wait_for(rejoined, timeout=10, interval=0.05,
+                          what="B deciding through the broker again")
+            print(f"{during} fallback decisions while partitioned")
+            b.stop()
+            b = None
+            g.stop()
+    finally:
+        if part is not None:
+            part.close()
+        if b is not None:
+            b.kill()
         for w in ws:
             w.stop()
