@@ -208,9 +208,10 @@ def test_broker_killed_under_remote_load(tmp_path):
             broker = g.pids()["broker"][0]
             os.kill(broker, signal.SIGKILL)
             # The launcher restarts it; the groups reconnect over tcp://.
-            util.wait_for(lambda: g.pids()["broker"] and
-                          g.pids()["broker"][0] != broker, timeout=20,
-                          what="a new broker")
+            def new_broker():
+                now = g.pids()["broker"]  # read once: it may be empty
+                return bool(now) and now[0] != broker
+            util.wait_for(new_broker, timeout=20, what="a new broker")
             time.sleep(2.0)
             stop.set()
             for t in threads:
