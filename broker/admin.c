@@ -596,8 +596,7 @@ admin_worker_info(struct broker *br, struct worker *w)
 	    cJSON_CreateBool(w->wk_status == SHM_WORKER_READY));
 	admin_replace(o, "status",
 	    cJSON_CreateString(registry_status_name(w->wk_status)));
-	admin_replace(o, "load",
-	    cJSON_CreateNumber(shm_inflight_total(br->br_shm, w->wk_slot)));
+	admin_replace(o, "load", cJSON_CreateNumber(live_in_flight(br, w)));
 	admin_replace(o, "circuit_breaker_state",
 	    cJSON_CreateString(breaker_state_name(w->wk_cb.cb_state)));
 	admin_replace(o, "overloaded", cJSON_CreateBool(w->wk_overloaded));

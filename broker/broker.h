@@ -824,6 +824,26 @@ void reports_handle(struct broker *br, const Smg__PollerMsg *m);
 /* Re-evaluates the overload flag of w from its latest report. */
 void reports_eval_overload(struct broker *br, struct worker *w);
 
+/* ---------------------------------------------------------- remote.c */
+
+/*
+ * Frontends of other hosts: remote_sync takes one HostSync (their row's
+ * live load replaces what that frontend said before) and returns the
+ * packed reply (the worker table when the sender mirrors it and its
+ * generation is not current). remote_in_flight / remote_pending: the
+ * remote sums for a worker slot. remote_sweep forgets frontends silent
+ * for 3 of their intervals (server tick). remote_free: shutdown.
+ */
+uint8_t *remote_sync(struct broker *br, const Smg__HostSync *hs,
+    size_t *reply_len);
+/* The live load a RouteBatch carries: taken as a HostSync's, no reply. */
+void remote_report(struct broker *br, const Smg__HostSync *hs);
+uint32_t remote_in_flight(const struct broker *br, unsigned slot);
+uint64_t remote_pending(const struct broker *br, unsigned slot);
+size_t remote_nsources(const struct broker *br);
+void remote_sweep(struct broker *br, uint64_t now_ms);
+void remote_free(struct broker *br);
+
 /* ---------------------------------------------------------- server.c */
 
 struct broker {
@@ -839,6 +859,13 @@ struct broker {
 	struct store *br_store;
 	struct ipc_server *br_rep;
 	struct ipc_server *br_pull;
+	struct ipc_server **br_remote; /* one per bs_listen */
+	struct tls_ctx *br_tls; /* for tls+tcp:// listeners, else NULL */
+	/* remote.c: frontends of other hosts and their summed live load */
+	struct remote_source **br_sources;
+	size_t br_nsources;
+	uint32_t br_remote_inflight[SHM_MAX_WORKERS];
+	uint64_t br_remote_pending[SHM_MAX_WORKERS];
 	/* registry */
 	struct worker *br_slots[SHM_MAX_WORKERS];
 	struct worker **br_order; /* registration order */

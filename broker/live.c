@@ -37,7 +37,9 @@ live_pending(struct broker *br, const struct worker *w)
 {
 	if (br == NULL || br->br_shm == NULL)
 		return 0;
-	return shm_pending_total(br->br_shm, w->wk_slot);
+	/* This host's rows, then the other hosts' (remote.c). */
+	return shm_pending_total(br->br_shm, w->wk_slot) +
+	    remote_pending(br, w->wk_slot);
 }
 
 uint32_t
@@ -45,7 +47,8 @@ live_in_flight(struct broker *br, const struct worker *w)
 {
 	if (br == NULL || br->br_shm == NULL)
 		return 0;
-	return shm_inflight_total(br->br_shm, w->wk_slot);
+	return shm_inflight_total(br->br_shm, w->wk_slot) +
+	    remote_in_flight(br, w->wk_slot);
 }
 
 double

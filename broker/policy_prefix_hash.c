@@ -125,7 +125,7 @@ phash_select(struct policy *p, struct worker *const *c, unsigned n,
 	}
 	nl = ring_prefix_levels(&ph->ph_conf, &in, levels);
 	for (i = 0; i < n && i < SHM_MAX_WORKERS; i++)
-		loads[i] = shm_inflight_total(br->br_shm, c[i]->wk_slot);
+		loads[i] = live_in_flight(br, c[i]);
 	r = nl > 0 ? rings_for(ph->ph_rings, br, req->model) : NULL;
 	rings_mark(c, n);
 	ring_prefix_select(r, &ph->ph_conf, levels, nl, loads, n,

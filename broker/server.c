@@ -14,6 +14,7 @@
 #include "shared/log.h"
 #include "shared/metrics.h"
 #include "shared/urlallow.h"
+#include "shared/tls.h"
 #include "shared/xmalloc.h"
 
 #include "broker.h"
@@ -349,6 +350,29 @@ server_new(struct ev_loop *loop, const struct config *cf, bool serve)
 		goto fail;
 	log_info("smg-broker: serving %s, %u workers, policy %s, state %s", url,
 	    br->br_nworkers, policy_name(br->br_default), cf->cf_state_dir);
+	/* The same conversation for frontends on other hosts. */
+	br->br_remote =
+	    xcalloc(cf->cf_broker_listen_n + 1, sizeof(*br->br_remote));
+	for (i = 0; i < cf->cf_broker_listen_n; i++) {
+		if (strncmp(cf->cf_broker_listen[i], "tls+", 4) == 0) {
+			/* Remote frontends must show a certificate too. */
+			if (br->br_tls == NULL &&
+			    (br->br_tls = tls_ctx_new_server_mutual(
+			         cf->cf_broker_tls_cert, cf->cf_broker_tls_key,
+			         cf->cf_broker_tls_ca)) == NULL)
+				goto fail;
+			br->br_remote[i] =
+			    ipc_server_new_tls(loop, cf->cf_broker_listen[i],
+			        br->br_tls, server_rep_cb, br);
+		} else
+			br->br_remote[i] =
+			    ipc_server_new(loop, cf->cf_broker_listen[i],
+			        IPC_SERVER_REP, server_rep_cb, br);
+		if (br->br_remote[i] == NULL)
+			goto fail;
+		log_info("smg-broker: also serving %s (port %d)",
+		    cf->cf_broker_listen[i], ipc_server_port(br->br_remote[i]));
+	}
 	if (ipc_url(url, sizeof(url), cf->cf_run_dir, IPC_REPORTS_SOCK) == -1 ||
 	    (br->br_pull = ipc_server_new(loop, url, IPC_SERVER_PULL,
 	         server_pull_cb, br)) == NULL)
@@ -388,6 +412,12 @@ server_free(struct broker *br)
 	ev_signal_stop(br->br_loop, &br->br_sigint);
 	ipc_server_free(br->br_rep);
 	ipc_server_free(br->br_pull);
+	for (i = 0; br->br_remote != NULL && i < br->br_cf->cf_broker_listen_n;
+	     i++)
+		ipc_server_free(br->br_remote[i]);
+	free(br->br_remote);
+	tls_ctx_free(br->br_tls);
+	remote_free(br);
 	store_close(br->br_store);
 	br->br_store = NULL;
 	registry_free_all(br);
@@ -433,6 +463,9 @@ server_frontend(struct broker *br, const uint8_t *msg, size_t len,
 		out = ipc_pack_broker(&r, reply_len);
 		break;
 	case SMG__FRONTEND_MSG__BODY_ROUTE_BATCH:
+		/* A remote frontend's load counts for this batch already. */
+		if (m->route_batch->live != NULL)
+			remote_report(br, m->route_batch->live);
 		if (route_batch(br, m->route_batch, &db) == -1) {
 			out = ipc_pack_error("internal", "out of memory",
 			    reply_len);
@@ -442,6 +475,9 @@ server_frontend(struct broker *br, const uint8_t *msg, size_t len,
 		r.decision_batch = &db;
 		out = ipc_pack_broker(&r, reply_len);
 		route_batch_free(&db);
+		break;
+	case SMG__FRONTEND_MSG__BODY_HOST_SYNC:
+		out = remote_sync(br, m->host_sync, reply_len);
 		break;
 	case SMG__FRONTEND_MSG__BODY_ADMIN:
 		admin_handle(br, m->admin, &ar);
@@ -505,9 +541,9 @@ server_tick_cb(struct ev_loop *loop, ev_timer *t, int revents)
 	for (i = 0; i < br->br_nworkers; i++) {
 		struct worker *w = br->br_order[i];
 
-		stats_set(br, w->wk_m_active,
-		    shm_inflight_total(br->br_shm, w->wk_slot));
+		stats_set(br, w->wk_m_active, live_in_flight(br, w));
 	}
+	remote_sweep(br, shm_now_ms());
 	live_tick(br);
 	policy_sweep_all(br, shm_now_ms());
 	sticky_sweep(br, shm_now_ms());

@@ -414,7 +414,7 @@ sticky_fl_effective(struct broker *br, struct sticky_fl **pp, struct worker *w,
 	if (f == NULL)
 		return 0;
 	if (now_ms - f->sf_changed_ms >= STICKY_CLAMP_MS) {
-		total = shm_inflight_total(br->br_shm, w->wk_slot);
+		total = live_in_flight(br, w);
 		if (f->sf_count > total) {
 			f->sf_count = total;
 			f->sf_changed_ms = now_ms;
@@ -507,7 +507,7 @@ sticky_keys_on(struct broker *br, struct worker *w)
 	if (ss == NULL || w->wk_slot >= SHM_MAX_WORKERS)
 		return 0;
 	k = ss->ss_keys_on[w->wk_slot];
-	total = shm_inflight_total(br->br_shm, w->wk_slot);
+	total = live_in_flight(br, w);
 	return k < total ? k : total;
 }
 
@@ -551,7 +551,7 @@ sticky_assign_pick(struct broker *br, int mode, struct worker *const *c,
 	for (i = 0; i < n; i++) {
 		v = mode == ASSIGNMENT_MODE_MIN_GROUP
 		    ? sticky_keys_on(br, c[i])
-		    : shm_inflight_total(br->br_shm, c[i]->wk_slot);
+		    : live_in_flight(br, c[i]);
 		if (v < best) {
 			best = v;
 			pick = (int)i;

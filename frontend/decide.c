@@ -388,6 +388,8 @@ decide_send(struct decide_batch *b, struct decide_item **items, size_t n)
 	}
 	rb.n_outcomes = decide_noutcomes;
 	rb.outcomes = op;
+	/* From another host: the broker sees this row's load with it. */
+	rb.live = hostsync_live();
 	budget = IPC_MAX_MSG - DECIDE_ENVELOPE_SLACK -
 	    smg__route_batch__get_packed_size(&rb);
 	for (k = 0; k < n; k++) {
@@ -745,8 +747,7 @@ decide_admin(Smg__AdminRequest *ar,
 	/* No live broker process: wait only the short grace a starting
 	 * broker needs, not FE_ADMIN_TIMEOUT_MS (kept for a slow one). */
 	rv = ipc_client_send(fe->fe_broker, buf, len,
-	    shm_row_alive(fe->fe_shm, SHM_ROW_BROKER) ? FE_ADMIN_TIMEOUT_MS
-	                                              : FE_ADMIN_DOWN_MS,
+	    hostsync_broker_alive() ? FE_ADMIN_TIMEOUT_MS : FE_ADMIN_DOWN_MS,
 	    cb, arg);
 	free(buf);
 	return rv;

@@ -66,6 +66,7 @@ struct frontend {
 	struct upstream *fe_up;
 	struct ipc_client *fe_broker;
 	struct tls_ctx *fe_tls; /* server side, NULL: plain HTTP */
+	struct tls_ctx *fe_broker_tls; /* tls+tcp:// broker, else NULL */
 	struct http_limits fe_limits;
 	char fe_broker_url[512];
 	bool fe_draining;
@@ -359,6 +360,24 @@ struct decide_item {
 
 void decide_init(void);
 void decide_shutdown(void);
+/*
+ * hostsync.c: with --broker (a broker on another host), sends this row's
+ * live load every 100 ms and, on row 0, mirrors the broker's worker table
+ * into the local shared memory. No-ops without --broker.
+ */
+void hostsync_init(void);
+void hostsync_shutdown(void);
+/*
+ * Whether a broker process is there to answer: its shm row is alive, or,
+ * for a broker on another host, the connection to it is up.
+ */
+bool hostsync_broker_alive(void);
+/*
+ * With --broker: this row's live load now, in a message owned by
+ * hostsync.c and valid until the next call (decide.c sends it with each
+ * RouteBatch). NULL without --broker.
+ */
+Smg__HostSync *hostsync_live(void);
 /*
  * Queues a routing question; every question queued during one loop turn
  * travels in one RouteBatch. di_cb runs later (never inside this call),

@@ -170,13 +170,28 @@ main(int argc, char *argv[])
 	if ((fe->fe_up = upstream_new(loop, &uc)) == NULL)
 		fatalx("%s: cannot set up the upstream pools", __func__);
 
-	if (ipc_url(fe->fe_broker_url, sizeof(fe->fe_broker_url), cf.cf_run_dir,
-	        IPC_BROKER_SOCK) == -1)
+	if (cf.cf_broker != NULL)
+		(void)snprintf(fe->fe_broker_url, sizeof(fe->fe_broker_url),
+		    "%s", cf.cf_broker);
+	else if (ipc_url(fe->fe_broker_url, sizeof(fe->fe_broker_url),
+	             cf.cf_run_dir, IPC_BROKER_SOCK) == -1)
 		fatalx("%s: run dir path too long", __func__);
-	if ((fe->fe_broker = ipc_client_new(loop, fe->fe_broker_url,
-	         IPC_CLIENT_REQ, FE_BROKER_INFLIGHT)) == NULL)
+	if (strncmp(fe->fe_broker_url, "tls+", 4) == 0) {
+		const char *cas[2] = { cf.cf_broker_tls_ca, NULL };
+
+		if ((fe->fe_broker_tls = tls_ctx_new_client(cas,
+		         cf.cf_broker_tls_cert, cf.cf_broker_tls_key)) == NULL)
+			fatalx("%s: cannot load the broker TLS files",
+			    __func__);
+		fe->fe_broker = ipc_client_new_tls(loop, fe->fe_broker_url,
+		    fe->fe_broker_tls, FE_BROKER_INFLIGHT);
+	} else
+		fe->fe_broker = ipc_client_new(loop, fe->fe_broker_url,
+		    IPC_CLIENT_REQ, FE_BROKER_INFLIGHT);
+	if (fe->fe_broker == NULL)
 		fatalx("%s: cannot create the broker client", __func__);
 	decide_init();
+	hostsync_init();
 
 	conn_set_routes(&router_routes);
 	/* One gateway per port (shared/portlock.h): never join another's. */
@@ -227,8 +242,10 @@ main(int argc, char *argv[])
 	listener_close_all();
 	admission_shutdown();
 	auth_shutdown();
+	hostsync_shutdown();
 	decide_shutdown();
 	ipc_client_free(fe->fe_broker);
+	tls_ctx_free(fe->fe_broker_tls);
 	upstream_free(fe->fe_up);
 	shm_row_release(fe->fe_shm, fe->fe_row);
 	shm_close(fe->fe_shm);

@@ -8,7 +8,8 @@
  * loop), makes the run and state directories and the shared segment, then
  * starts one smg-broker, one smg-poller and --frontends smg-frontend
  * processes from its own directory, each with the same arguments
- * (frontends also get --frontend-slot). A child that dies is logged and
+ * (frontends also get --frontend-slot). With --broker (a broker on another
+ * host) only the frontends are started. A child that dies is logged and
  * restarted with backoff.
  *
  * SIGTERM/SIGINT drain: the frontends get SIGTERM first and finish their
@@ -122,7 +123,7 @@ main(int argc, char *argv[])
 	struct child *ch;
 	char *bindir, lockpath[PATH_MAX];
 	const char *names[] = { "smg-broker", "smg-poller", "smg-frontend" };
-	size_t i;
+	size_t i, nback;
 
 	log_init("smg", LOG_LEVEL_INFO);
 	config_load_or_exit(&cf, argc, argv);
@@ -136,13 +137,15 @@ main(int argc, char *argv[])
 	l.l_cf = &cf;
 	l.l_pid = getpid();
 	bindir = launcher_bindir();
-	l.l_nchildren = 2 + (size_t)cf.cf_frontends;
+	/* With --broker the broker (and its poller) run on another host. */
+	nback = cf.cf_broker != NULL ? 0 : 2;
+	l.l_nchildren = nback + (size_t)cf.cf_frontends;
 	l.l_children = xcalloc(l.l_nchildren, sizeof(*l.l_children));
 	for (i = 0; i < l.l_nchildren; i++) {
 		ch = &l.l_children[i];
 		ch->ch_l = &l;
-		ch->ch_role = i < 2 ? (enum child_role)i : CHILD_FRONTEND;
-		ch->ch_slot = i < 2 ? -1 : (int)(i - 2);
+		ch->ch_role = i < nback ? (enum child_role)i : CHILD_FRONTEND;
+		ch->ch_slot = i < nback ? -1 : (int)(i - nback);
 		ch->ch_path = xasprintf("%s/%s", bindir, names[ch->ch_role]);
 		ch->ch_backoff = LAUNCHER_BACKOFF_MIN;
 		if (ch->ch_slot >= 0)
@@ -205,11 +208,16 @@ main(int argc, char *argv[])
 		if (launcher_spawn(ch) == -1)
 			fatalx("%s: cannot start %s", __func__, ch->ch_label);
 	}
-	log_info("%s: started broker pid %ld, poller pid %ld, %ld frontends "
-	         "on %s:%ld",
-	    __func__, (long)l.l_children[CHILD_BROKER].ch_pid,
-	    (long)l.l_children[CHILD_POLLER].ch_pid, cf.cf_frontends,
-	    cf.cf_host, cf.cf_port);
+	if (nback == 0)
+		log_info("%s: started %ld frontends on %s:%ld, broker %s",
+		    __func__, cf.cf_frontends, cf.cf_host, cf.cf_port,
+		    cf.cf_broker);
+	else
+		log_info("%s: started broker pid %ld, poller pid %ld, %ld "
+		         "frontends on %s:%ld",
+		    __func__, (long)l.l_children[CHILD_BROKER].ch_pid,
+		    (long)l.l_children[CHILD_POLLER].ch_pid, cf.cf_frontends,
+		    cf.cf_host, cf.cf_port);
 
 	ev_run(l.l_loop, 0);
 

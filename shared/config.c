@@ -257,6 +257,21 @@ static const struct config_key config_keys[] = {
 	    .ck_help = "directory of the IPC sockets and shared memory" },
 	LONGV("frontend-slot", NULL, cf_frontend_slot, "-1", -1, 63,
 	    "internal: shared-memory row of this frontend (-1 = any)"),
+	LISTV("broker-listen", NULL, cf_broker_listen, NULL, KC_NONE, KF_ONE,
+	    "URL",
+	    "smg-c: the broker also serves frontends of other hosts on "
+	    "tcp://HOST:PORT or tls+tcp://HOST:PORT (repeatable)"),
+	STRV("broker", NULL, cf_broker, NULL, KC_NONE, "URL",
+	    "smg-c: a frontend asks the broker at tcp:// or "
+	    "tls+tcp://HOST:PORT "
+	    "instead of its run dir's, and mirrors its worker table"),
+	STRV("broker-tls-cert", NULL, cf_broker_tls_cert, NULL, KC_NONE, "PEM",
+	    "smg-c: certificate of this end of a tls+tcp:// broker connection"),
+	STRV("broker-tls-key", NULL, cf_broker_tls_key, NULL, KC_NONE, "PEM",
+	    "smg-c: its private key"),
+	STRV("broker-tls-ca", NULL, cf_broker_tls_ca, NULL, KC_NONE, "PEM",
+	    "smg-c: CA the other end's certificate must chain to (both ends "
+	    "are verified)"),
 
 	SECTION("Listeners"),
 	STRV("host", NULL, cf_host, "0.0.0.0", KC_NONE, "ADDR",
@@ -779,6 +794,7 @@ static int check_idp_url(const char *, const char *, char *, size_t);
 static bool check_role_name(const char *, size_t);
 static int check_auth(struct config *, char *, size_t);
 static int check_own(struct config *, char *, size_t);
+static bool config_tcp_url(const char *);
 static int config_finish(struct config *, struct parse_state *, char *, size_t);
 static void key_usage(FILE *, const struct config_key *);
 
@@ -2013,6 +2029,8 @@ static int
 check_own(struct config *cf, char *err, size_t errlen)
 {
 	long cpus;
+	size_t i;
+	bool tls;
 
 	if (cf->cf_frontends == 0) {
 		cpus = sysconf(_SC_NPROCESSORS_ONLN);
@@ -2033,7 +2051,48 @@ check_own(struct config *cf, char *err, size_t errlen)
 		    "--run-dir: path longer than %d bytes (IPC socket paths "
 		    "must fit a unix socket address)",
 		    CONFIG_RUN_DIR_MAX);
+	tls = false;
+	for (i = 0; i < cf->cf_broker_listen_n; i++) {
+		if (!config_tcp_url(cf->cf_broker_listen[i]))
+			return cfg_err(err, errlen,
+			    "--broker-listen: %s: expected tcp://HOST:PORT or "
+			    "tls+tcp://HOST:PORT",
+			    cf->cf_broker_listen[i]);
+		tls = tls || strncmp(cf->cf_broker_listen[i], "tls+", 4) == 0;
+	}
+	if (cf->cf_broker != NULL) {
+		if (!config_tcp_url(cf->cf_broker))
+			return cfg_err(err, errlen,
+			    "--broker: %s: expected tcp://HOST:PORT or "
+			    "tls+tcp://HOST:PORT",
+			    cf->cf_broker);
+		tls = tls || strncmp(cf->cf_broker, "tls+", 4) == 0;
+	}
+	/* Mutual certificates: a tls+tcp:// end needs all three. */
+	if (tls &&
+	    (cf->cf_broker_tls_cert == NULL || cf->cf_broker_tls_key == NULL ||
+	        cf->cf_broker_tls_ca == NULL))
+		return cfg_err(err, errlen,
+		    "tls+tcp:// needs --broker-tls-cert, --broker-tls-key and "
+		    "--broker-tls-ca");
 	return 0;
+}
+
+/* tcp://HOST:PORT with a numeric port (HOST may be empty or "*"). */
+static bool
+config_tcp_url(const char *url)
+{
+	const char *colon;
+	char *end;
+	long port;
+
+	if (strncmp(url, "tls+", 4) == 0)
+		url += 4;
+	if (strncmp(url, "tcp://", 6) != 0 ||
+	    (colon = strrchr(url + 6, ':')) == NULL || colon[1] == '\0')
+		return false;
+	port = strtol(colon + 1, &end, 10);
+	return *end == '\0' && port >= 0 && port <= 65535;
 }
 
 static int

@@ -232,6 +232,12 @@ struct config {
 	long cf_frontends; /* online CPUs clamped to 1..64 */
 	char *cf_state_dir; /* /var/tmp/smg-<port> */
 	char *cf_run_dir; /* /tmp/smg-<port> */
+	char **cf_broker_listen; /* tcp:// listeners of the broker */
+	size_t cf_broker_listen_n;
+	char *cf_broker; /* remote broker of a frontend, or NULL */
+	char *cf_broker_tls_cert; /* tls+tcp:// broker connections */
+	char *cf_broker_tls_key;
+	char *cf_broker_tls_ca;
 	long cf_frontend_slot; /* -1 = any; else 0..cf_frontends-1 */
 	bool cf_check_config;
 

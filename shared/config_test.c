@@ -789,11 +789,58 @@ test_worker_url_check(void **state)
 	assert_int_equal(config_check_header_name("a:b"), -1);
 }
 
+/* --broker-listen / --broker: tcp:// or tls+tcp://, TLS with all files. */
+static void
+test_broker_urls(void **state)
+{
+	struct config cf;
+	char err[512];
+
+	(void)state;
+	parse_ok(&cf, "");
+	assert_int_equal(cf.cf_broker_listen_n, 0);
+	assert_null(cf.cf_broker);
+	config_free(&cf);
+	parse_ok(&cf,
+	    "--broker-listen tcp://127.0.0.1:7000 --broker-listen tcp://*:0");
+	assert_int_equal(cf.cf_broker_listen_n, 2);
+	assert_string_equal(cf.cf_broker_listen[1], "tcp://*:0");
+	config_free(&cf);
+	parse_ok(&cf, "--broker tcp://brain:7000");
+	assert_string_equal(cf.cf_broker, "tcp://brain:7000");
+	config_free(&cf);
+	parse_ok(&cf,
+	    "--broker tls+tcp://brain:7000 --broker-tls-cert c.pem "
+	    "--broker-tls-key k.pem --broker-tls-ca ca.pem");
+	config_free(&cf);
+	assert_int_equal(
+	    parse_line(&cf, "--broker ipc:///tmp/x", err, sizeof(err)),
+	    CONFIG_ERROR);
+	assert_non_null(strstr(err, "--broker"));
+	config_free(&cf);
+	assert_int_equal(
+	    parse_line(&cf, "--broker-listen tcp://h:port", err, sizeof(err)),
+	    CONFIG_ERROR);
+	config_free(&cf);
+	assert_int_equal(
+	    parse_line(&cf, "--broker-listen tcp://h:70000", err, sizeof(err)),
+	    CONFIG_ERROR);
+	config_free(&cf);
+	assert_int_equal(parse_line(&cf,
+	                     "--broker-listen tls+tcp://:7000 "
+	                     "--broker-tls-cert c.pem --broker-tls-key k.pem",
+	                     err, sizeof(err)),
+	    CONFIG_ERROR);
+	assert_non_null(strstr(err, "--broker-tls-ca"));
+	config_free(&cf);
+}
+
 int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_defaults),
+		cmocka_unit_test(test_broker_urls),
 		cmocka_unit_test(test_aliases),
 		cmocka_unit_test(test_launch_start),
 		cmocka_unit_test(test_equals_form),

@@ -157,6 +157,19 @@ ipc_server_new(struct ev_loop *loop, const char *url, enum ipc_server_kind kind,
 	const char *path;
 	int rv, fd;
 
+	if (kind == IPC_SERVER_REP && strncmp(url, "tcp://", 6) == 0) {
+		srv = xcalloc(1, sizeof(*srv));
+		srv->srv_loop = loop;
+		srv->srv_kind = kind;
+		srv->srv_cb = cb;
+		srv->srv_arg = arg;
+		if ((srv->srv_sp = sp_server_new_tcp(loop, url + 6,
+		         IPC_FRAME_REQ, cb, arg)) == NULL) {
+			free(srv);
+			return NULL;
+		}
+		return srv;
+	}
 	if ((path = ipc_path(url)) == NULL || ipc_remove_stale(url) == -1)
 		return NULL;
 	srv = xcalloc(1, sizeof(*srv));
@@ -258,7 +271,56 @@ ipc_srv_io_cb(struct ev_loop *loop, ev_io *w, int revents)
 	}
 }
 
+struct ipc_server *
+ipc_server_new_tls(struct ev_loop *loop, const char *url, struct tls_ctx *tls,
+    ipc_server_cb cb, void *arg)
+{
+	struct ipc_server *srv;
+
+	if (strncmp(url, "tls+tcp://", 10) != 0 || tls == NULL) {
+		log_warnx("%s: %s: not a tls+tcp:// URL", __func__, url);
+		return NULL;
+	}
+	srv = xcalloc(1, sizeof(*srv));
+	srv->srv_loop = loop;
+	srv->srv_kind = IPC_SERVER_REP;
+	srv->srv_cb = cb;
+	srv->srv_arg = arg;
+	if ((srv->srv_sp = sp_server_new_tls(loop, url + 10, tls, IPC_FRAME_REQ,
+	         cb, arg)) == NULL) {
+		free(srv);
+		return NULL;
+	}
+	return srv;
+}
+
+int
+ipc_server_port(const struct ipc_server *srv)
+{
+	return srv == NULL ? -1 : sp_server_port(srv->srv_sp);
+}
+
 /* ---------------------------------------------------------------- client */
+
+struct ipc_client *
+ipc_client_new_tls(struct ev_loop *loop, const char *url, struct tls_ctx *tls,
+    unsigned max_inflight)
+{
+	struct ipc_client *cl;
+
+	if (strncmp(url, "tls+tcp://", 10) != 0 || tls == NULL) {
+		log_warnx("%s: %s: not a tls+tcp:// URL", __func__, url);
+		return NULL;
+	}
+	cl = xcalloc(1, sizeof(*cl));
+	cl->cl_kind = IPC_CLIENT_REQ;
+	if ((cl->cl_sp = sp_client_new_tls(loop, url + 10, tls, max_inflight,
+	         IPC_FRAME_REP)) == NULL) {
+		free(cl);
+		return NULL;
+	}
+	return cl;
+}
 
 struct ipc_client *
 ipc_client_new(struct ev_loop *loop, const char *url, enum ipc_client_kind kind,
@@ -268,6 +330,16 @@ ipc_client_new(struct ev_loop *loop, const char *url, enum ipc_client_kind kind,
 	const char *path;
 	int rv;
 
+	if (kind == IPC_CLIENT_REQ && strncmp(url, "tcp://", 6) == 0) {
+		cl = xcalloc(1, sizeof(*cl));
+		cl->cl_kind = kind;
+		if ((cl->cl_sp = sp_client_new_tcp(loop, url + 6, max_inflight,
+		         IPC_FRAME_REP)) == NULL) {
+			free(cl);
+			return NULL;
+		}
+		return cl;
+	}
 	if ((path = ipc_path(url)) == NULL)
 		return NULL;
 	cl = xcalloc(1, sizeof(*cl));

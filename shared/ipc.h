@@ -26,6 +26,8 @@
 
 #include "ipc.pb-c.h"
 
+struct tls_ctx;
+
 #define IPC_VERSION 1u
 /*
  * The largest envelope either side sends or accepts; a frame over it
@@ -64,12 +66,21 @@ enum ipc_server_kind {
 };
 
 /*
- * Listens on url (ipc://path); NULL (logged) on failure. Removes a stale
- * socket file, but fails when another live process listens on it.
+ * Listens on url (ipc://path; a REP server also tcp://host:port, nng's
+ * TCP wire); NULL (logged) on failure. Removes a stale socket file, but
+ * fails when another live process listens on it.
  */
 struct ipc_server *ipc_server_new(struct ev_loop *loop, const char *url,
     enum ipc_server_kind kind, ipc_server_cb cb, void *arg);
 void ipc_server_free(struct ipc_server *srv);
+/*
+ * REP on tls+tcp://host:port: nng's TLS wire, with a server context
+ * (shared/tls.h) that outlives the server. NULL (logged) on failure.
+ */
+struct ipc_server *ipc_server_new_tls(struct ev_loop *loop, const char *url,
+    struct tls_ctx *tls, ipc_server_cb cb, void *arg);
+/* The TCP port a tcp:// or tls+tcp:// REP server listens on; else -1. */
+int ipc_server_port(const struct ipc_server *srv);
 
 /* ---- client: REQ (frontend), or PUSH (poller) ---- */
 
@@ -90,12 +101,16 @@ enum ipc_client_kind {
 };
 
 /*
- * Dials url (ipc://path) without blocking and redials in the background,
- * so the peer may start later or restart at any time. max_inflight bounds
- * REQ requests waiting for their replies. NULL (logged) on failure.
+ * Dials url (ipc://path; REQ also tcp://host:port) without blocking and redials
+ * in the background, so the peer may start later or restart at any time.
+ * max_inflight bounds REQ requests waiting for their replies. NULL (logged) on
+ * failure.
  */
 struct ipc_client *ipc_client_new(struct ev_loop *loop, const char *url,
     enum ipc_client_kind kind, unsigned max_inflight);
+/* REQ to tls+tcp://host:port with a client context that outlives it. */
+struct ipc_client *ipc_client_new_tls(struct ev_loop *loop, const char *url,
+    struct tls_ctx *tls, unsigned max_inflight);
 /*
  * Cancels pending requests: each callback not yet run runs once with
  * NNG_ECLOSED before this returns. Safe to call from an ipc_reply_cb; the

@@ -318,6 +318,21 @@ shm_worker_write(struct shm *shm, unsigned slot, const struct shm_worker *w)
 	return next.sw_generation;
 }
 
+uint32_t
+shm_worker_mirror(struct shm *shm, unsigned slot, const struct shm_worker *w)
+{
+	struct shm_worker next;
+
+	if (slot >= SHM_MAX_WORKERS) {
+		log_warnx("%s: slot %u out of range", __func__, slot);
+		return 0;
+	}
+	next = *w;
+	next.sw_in_use = 1;
+	shm_worker_publish(shm, slot, &next);
+	return next.sw_generation;
+}
+
 void
 shm_worker_clear(struct shm *shm, unsigned slot)
 {

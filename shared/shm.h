@@ -185,6 +185,13 @@ int shm_worker_read(struct shm *shm, unsigned slot, struct shm_worker *out);
 uint32_t shm_worker_write(struct shm *shm, unsigned slot,
     const struct shm_worker *w);
 void shm_worker_clear(struct shm *shm, unsigned slot);
+/*
+ * A frontend host without a broker of its own (--broker tcp://): its one
+ * mirroring process publishes the broker's slot as given, generation
+ * included, so decisions naming (slot, generation) match. Same seqlock.
+ */
+uint32_t shm_worker_mirror(struct shm *shm, unsigned slot,
+    const struct shm_worker *w);
 uint64_t shm_workers_generation(struct shm *shm);
 
 /*

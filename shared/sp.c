@@ -6,6 +6,10 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <netdb.h>
+
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -16,6 +20,7 @@
 #include <nng/nng.h>
 
 #include "shared/log.h"
+#include "shared/tls.h"
 #include "shared/xmalloc.h"
 
 #define SP_RECONN_MIN     0.02
@@ -26,6 +31,7 @@
 #define SP_ACCEPT_BURST   64
 #define SP_ACCEPT_PAUSE   0.1
 #define SP_LISTEN_QUEUE   128
+#define SP_TLS_RECORD     16384 /* bytes handed to one TLS write */
 
 #define SP_CONTAINER_OF(p, type, member)                                       \
 	((type *)(void *)((char *)(p)-offsetof(type, member)))
@@ -44,6 +50,10 @@ struct sp_conn {
 	ev_io c_io;
 	int c_events;
 	uint16_t c_peer; /* protocol id the peer must announce */
+	bool c_typed; /* frames carry the IPC type byte (not over TCP) */
+	struct tls_conn *c_tls; /* tls+tcp://, else NULL */
+	size_t c_tls_wlen; /* a TLS write to retry with this length */
+	bool c_tls_wantw; /* TLS waits for the fd to be writable */
 	bool c_open; /* both headers exchanged */
 	size_t c_max; /* frame payload limit */
 	struct sp_buf c_in;
@@ -73,7 +83,11 @@ TAILQ_HEAD(sp_req_list, sp_req);
 
 struct sp_client {
 	struct ev_loop *cl_loop;
-	struct sockaddr_un cl_sun;
+	struct sockaddr_storage cl_addr;
+	socklen_t cl_addrlen;
+	char cl_name[SP_NAME_MAX]; /* the path or host:port, for logs */
+	struct tls_ctx *cl_tls; /* borrowed; NULL: no TLS */
+	char cl_host[SP_NAME_MAX]; /* the name the certificate must match */
 	enum sp_cstate cl_state;
 	struct sp_conn cl_conn;
 	ev_timer cl_timer; /* redial, handshake deadline, deferred loss */
@@ -106,7 +120,9 @@ struct sp_server {
 	int srv_fd;
 	ev_io srv_io;
 	ev_timer srv_pause; /* accept paused: out of descriptors */
-	char srv_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+	bool srv_unix;
+	struct tls_ctx *srv_tls; /* borrowed; NULL: no TLS */
+	char srv_path[SP_NAME_MAX]; /* Unix: the socket file; TCP: host:port */
 	dev_t srv_dev;
 	ino_t srv_ino;
 	size_t srv_max;
@@ -123,10 +139,23 @@ static int sp_buf_reserve(struct sp_buf *, size_t);
 static int sp_buf_append(struct sp_buf *, const void *, size_t);
 static void sp_buf_consume(struct sp_buf *, size_t);
 static int sp_nonblock(int);
-static void sp_conn_init(struct sp_conn *, int, uint16_t, uint16_t, size_t);
+static enum sp_frame_status sp_frame_parse_as(const uint8_t *, size_t, size_t,
+    bool, const uint8_t **, size_t *, size_t *);
+static int sp_tcp_resolve(const char *, bool, struct sockaddr_storage *,
+    socklen_t *);
+static void sp_tcp_nodelay(int);
+static struct sp_client *sp_client_alloc(struct ev_loop *, unsigned, size_t);
+static struct sp_client *sp_client_tcp(struct ev_loop *, const char *,
+    struct tls_ctx *, unsigned, size_t);
+static struct sp_server *sp_server_start(struct ev_loop *, int, const char *,
+    bool, size_t, sp_request_cb, void *);
+static void sp_conn_init(struct sp_conn *, int, uint16_t, uint16_t, size_t,
+    bool);
 static void sp_conn_close(struct ev_loop *, struct sp_conn *);
 static void sp_conn_events(struct ev_loop *, struct sp_conn *, int);
 static int sp_conn_read(struct sp_conn *);
+static int sp_conn_read_tls(struct sp_conn *);
+static int sp_conn_flush_tls(struct sp_conn *);
 static int sp_conn_flush(struct ev_loop *, struct sp_conn *);
 static int sp_conn_frame(struct sp_conn *, const uint8_t *, size_t,
     const uint8_t *, size_t);
@@ -190,30 +219,55 @@ sp_frame_head(uint8_t h[SP_FRAME_HEAD], uint64_t len)
 		h[1 + i] = (uint8_t)(len >> (56 - 8 * i));
 }
 
-enum sp_frame_status
-sp_frame_parse(const uint8_t *buf, size_t len, size_t max,
+void
+sp_tcp_frame_head(uint8_t h[SP_TCP_FRAME_HEAD], uint64_t len)
+{
+	int i;
+
+	for (i = 0; i < 8; i++)
+		h[i] = (uint8_t)(len >> (56 - 8 * i));
+}
+
+/* Both framings: typed (IPC) has the type byte before the length. */
+static enum sp_frame_status
+sp_frame_parse_as(const uint8_t *buf, size_t len, size_t max, bool typed,
     const uint8_t **payload, size_t *plen, size_t *used)
 {
+	size_t head = typed ? SP_FRAME_HEAD : SP_TCP_FRAME_HEAD;
 	uint64_t n = 0;
-	int i;
+	size_t i;
 
 	*used = 0;
 	if (len == 0)
 		return SP_FRAME_NEED;
-	if (buf[0] != 1)
+	if (typed && buf[0] != 1)
 		return SP_FRAME_BAD;
-	if (len < SP_FRAME_HEAD)
+	if (len < head)
 		return SP_FRAME_NEED;
-	for (i = 0; i < 8; i++)
-		n = n << 8 | buf[1 + i];
+	for (i = head - 8; i < head; i++)
+		n = n << 8 | buf[i];
 	if (n > max)
 		return SP_FRAME_TOO_LARGE;
-	*used = SP_FRAME_HEAD + (size_t)n;
-	if (len - SP_FRAME_HEAD < n)
+	*used = head + (size_t)n;
+	if (len - head < n)
 		return SP_FRAME_NEED;
-	*payload = buf + SP_FRAME_HEAD;
+	*payload = buf + head;
 	*plen = (size_t)n;
 	return SP_FRAME_OK;
+}
+
+enum sp_frame_status
+sp_frame_parse(const uint8_t *buf, size_t len, size_t max,
+    const uint8_t **payload, size_t *plen, size_t *used)
+{
+	return sp_frame_parse_as(buf, len, max, true, payload, plen, used);
+}
+
+enum sp_frame_status
+sp_tcp_frame_parse(const uint8_t *buf, size_t len, size_t max,
+    const uint8_t **payload, size_t *plen, size_t *used)
+{
+	return sp_frame_parse_as(buf, len, max, false, payload, plen, used);
 }
 
 int
@@ -310,10 +364,70 @@ sp_nonblock(int fd)
 	return 0;
 }
 
+/* Small frames go out at once: the conversation is request/reply. */
+static void
+sp_tcp_nodelay(int fd)
+{
+	int on = 1;
+
+	if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on)) == -1)
+		log_warn("%s: TCP_NODELAY", __func__);
+}
+
+/*
+ * host:port ([v6]:port) to a socket address, numeric or by name (once,
+ * here). For a listener an empty host or "*" is every address.
+ */
+static int
+sp_tcp_resolve(const char *hostport, bool passive, struct sockaddr_storage *ss,
+    socklen_t *sl)
+{
+	struct addrinfo hints, *res = NULL;
+	char host[256];
+	const char *colon, *h = hostport, *port;
+	size_t hl;
+	int rv;
+
+	if ((colon = strrchr(hostport, ':')) == NULL || colon[1] == '\0') {
+		log_warnx("%s: %s: expected host:port", __func__, hostport);
+		return -1;
+	}
+	port = colon + 1;
+	hl = (size_t)(colon - hostport);
+	if (hl >= 2 && h[0] == '[' && h[hl - 1] == ']') {
+		h++;
+		hl -= 2;
+	}
+	if (hl >= sizeof(host)) {
+		log_warnx("%s: %s: host too long", __func__, hostport);
+		return -1;
+	}
+	memcpy(host, h, hl);
+	host[hl] = '\0';
+	memset(&hints, 0, sizeof(hints));
+	hints.ai_family = AF_UNSPEC;
+	hints.ai_socktype = SOCK_STREAM;
+	hints.ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0);
+	if ((rv = getaddrinfo(hl == 0 || strcmp(host, "*") == 0 ? NULL : host,
+	         port, &hints, &res)) != 0) {
+		log_warnx("%s: %s: %s", __func__, hostport, gai_strerror(rv));
+		return -1;
+	}
+	if (res->ai_addrlen > sizeof(*ss)) {
+		freeaddrinfo(res);
+		return -1;
+	}
+	memset(ss, 0, sizeof(*ss));
+	memcpy(ss, res->ai_addr, res->ai_addrlen);
+	*sl = res->ai_addrlen;
+	freeaddrinfo(res);
+	return 0;
+}
+
 /* Our header goes first into the output; the peer's is awaited. */
 static void
 sp_conn_init(struct sp_conn *c, int fd, uint16_t self, uint16_t peer,
-    size_t max)
+    size_t max, bool typed)
 {
 	uint8_t h[SP_HEADER_LEN];
 
@@ -322,6 +436,10 @@ sp_conn_init(struct sp_conn *c, int fd, uint16_t self, uint16_t peer,
 	c->c_fd = fd;
 	c->c_events = 0;
 	c->c_peer = peer;
+	c->c_typed = typed;
+	c->c_tls = NULL;
+	c->c_tls_wlen = 0;
+	c->c_tls_wantw = false;
 	c->c_open = false;
 	c->c_max = max;
 	sp_header_make(h, self);
@@ -334,6 +452,10 @@ sp_conn_close(struct ev_loop *loop, struct sp_conn *c)
 	if (c->c_fd == -1)
 		return;
 	ev_io_stop(loop, &c->c_io);
+	tls_conn_free(c->c_tls);
+	c->c_tls = NULL;
+	c->c_tls_wlen = 0;
+	c->c_tls_wantw = false;
 	close(c->c_fd);
 	c->c_fd = -1;
 	c->c_events = 0;
@@ -365,12 +487,14 @@ sp_conn_read(struct sp_conn *c)
 
 	/* A frame whose head is in: make room for all of it at once. */
 	if (c->c_open && c->c_in.b_len > 0 &&
-	    sp_frame_parse(c->c_in.b_data + c->c_in.b_off, c->c_in.b_len,
-	        c->c_max, &p, &plen, &need) == SP_FRAME_NEED &&
+	    sp_frame_parse_as(c->c_in.b_data + c->c_in.b_off, c->c_in.b_len,
+	        c->c_max, c->c_typed, &p, &plen, &need) == SP_FRAME_NEED &&
 	    need > c->c_in.b_len && need - c->c_in.b_len > want)
 		want = need - c->c_in.b_len;
 	if (sp_buf_reserve(&c->c_in, want) == -1)
 		return -1;
+	if (c->c_tls != NULL)
+		return sp_conn_read_tls(c);
 	n = read(c->c_fd, c->c_in.b_data + c->c_in.b_off + c->c_in.b_len,
 	    c->c_in.b_cap - c->c_in.b_off - c->c_in.b_len);
 	if (n == -1)
@@ -381,12 +505,81 @@ sp_conn_read(struct sp_conn *c)
 	return 0;
 }
 
+/*
+ * Reads what TLS has, mbedTLS's own buffer included (the fd does not
+ * signal it). 0, or -1 when the connection is done.
+ */
+static int
+sp_conn_read_tls(struct sp_conn *c)
+{
+	ssize_t n;
+
+	c->c_tls_wantw = false;
+	for (;;) {
+		n = tls_conn_read(c->c_tls,
+		    c->c_in.b_data + c->c_in.b_off + c->c_in.b_len,
+		    c->c_in.b_cap - c->c_in.b_off - c->c_in.b_len);
+		if (n == TLS_WANT_READ)
+			return 0;
+		if (n == TLS_WANT_WRITE) {
+			c->c_tls_wantw = true;
+			return 0;
+		}
+		if (n <= 0)
+			return -1;
+		c->c_in.b_len += (size_t)n;
+		if (tls_conn_pending(c->c_tls) == 0)
+			return 0;
+		if (sp_buf_reserve(&c->c_in, tls_conn_pending(c->c_tls)) == -1)
+			return -1;
+	}
+}
+
+/*
+ * The TLS side of a flush. A write that had to wait is retried with the
+ * same length (mbedTLS holds its record and reports that length). -1: the
+ * connection is done.
+ */
+static int
+sp_conn_flush_tls(struct sp_conn *c)
+{
+	size_t len;
+	ssize_t n;
+
+	c->c_tls_wantw = false;
+	while (c->c_out.b_len > 0) {
+		len = c->c_tls_wlen;
+		if (len == 0)
+			len = c->c_out.b_len < SP_TLS_RECORD ? c->c_out.b_len
+			                                     : SP_TLS_RECORD;
+		n = tls_conn_write(c->c_tls, c->c_out.b_data + c->c_out.b_off,
+		    len);
+		if (n == TLS_WANT_WRITE || n == TLS_WANT_READ) {
+			c->c_tls_wlen = len;
+			c->c_tls_wantw = n == TLS_WANT_WRITE;
+			return 0;
+		}
+		if (n <= 0)
+			return -1;
+		c->c_tls_wlen = 0;
+		sp_buf_consume(&c->c_out, (size_t)n);
+	}
+	return 0;
+}
+
 /* Writes what it can; EV_WRITE waits for the rest. -1: connection done. */
 static int
 sp_conn_flush(struct ev_loop *loop, struct sp_conn *c)
 {
 	ssize_t n;
 
+	if (c->c_tls != NULL) {
+		if (sp_conn_flush_tls(c) == -1)
+			return -1;
+		sp_conn_events(loop, c,
+		    EV_READ | (c->c_tls_wantw ? EV_WRITE : 0));
+		return 0;
+	}
 	while (c->c_out.b_len > 0) {
 		n = send(c->c_fd, c->c_out.b_data + c->c_out.b_off,
 		    c->c_out.b_len, MSG_NOSIGNAL);
@@ -408,11 +601,15 @@ sp_conn_frame(struct sp_conn *c, const uint8_t *a, size_t alen,
     const uint8_t *b, size_t blen)
 {
 	uint8_t h[SP_FRAME_HEAD];
+	size_t hlen = c->c_typed ? SP_FRAME_HEAD : SP_TCP_FRAME_HEAD;
 
-	sp_frame_head(h, (uint64_t)alen + blen);
-	if (sp_buf_reserve(&c->c_out, sizeof(h) + alen + blen) == -1)
+	if (c->c_typed)
+		sp_frame_head(h, (uint64_t)alen + blen);
+	else
+		sp_tcp_frame_head(h, (uint64_t)alen + blen);
+	if (sp_buf_reserve(&c->c_out, hlen + alen + blen) == -1)
 		return -1;
-	(void)sp_buf_append(&c->c_out, h, sizeof(h));
+	(void)sp_buf_append(&c->c_out, h, hlen);
 	(void)sp_buf_append(&c->c_out, a, alen);
 	(void)sp_buf_append(&c->c_out, b, blen);
 	return 0;
@@ -446,8 +643,8 @@ sp_conn_next(struct sp_conn *c, const uint8_t **payload, size_t *plen,
 	if (c->c_in.b_len == 0)
 		return 0;
 	in = c->c_in.b_data + c->c_in.b_off;
-	switch (
-	    sp_frame_parse(in, c->c_in.b_len, c->c_max, payload, plen, used)) {
+	switch (sp_frame_parse_as(in, c->c_in.b_len, c->c_max, c->c_typed,
+	    payload, plen, used)) {
 	case SP_FRAME_OK:
 		return 1;
 	case SP_FRAME_NEED:
@@ -468,17 +665,76 @@ struct sp_client *
 sp_client_new(struct ev_loop *loop, const char *path, unsigned max_inflight,
     size_t max_frame)
 {
+	struct sockaddr_un sun;
+	struct sp_client *cl;
+
+	memset(&sun, 0, sizeof(sun));
+	if (strlen(path) >= sizeof(sun.sun_path)) {
+		log_warnx("%s: %s: path too long", __func__, path);
+		return NULL;
+	}
+	sun.sun_family = AF_UNIX;
+	memcpy(sun.sun_path, path, strlen(path) + 1);
+	cl = sp_client_alloc(loop, max_inflight, max_frame);
+	memcpy(&cl->cl_addr, &sun, sizeof(sun));
+	cl->cl_addrlen = sizeof(sun);
+	cl->cl_conn.c_typed = true;
+	snprintf(cl->cl_name, sizeof(cl->cl_name), "%s", path);
+	sp_client_dial(cl);
+	return cl;
+}
+
+struct sp_client *
+sp_client_new_tcp(struct ev_loop *loop, const char *hostport,
+    unsigned max_inflight, size_t max_frame)
+{
+	return sp_client_tcp(loop, hostport, NULL, max_inflight, max_frame);
+}
+
+struct sp_client *
+sp_client_new_tls(struct ev_loop *loop, const char *hostport,
+    struct tls_ctx *tls, unsigned max_inflight, size_t max_frame)
+{
+	return sp_client_tcp(loop, hostport, tls, max_inflight, max_frame);
+}
+
+static struct sp_client *
+sp_client_tcp(struct ev_loop *loop, const char *hostport, struct tls_ctx *tls,
+    unsigned max_inflight, size_t max_frame)
+{
+	struct sockaddr_storage ss;
+	struct sp_client *cl;
+	const char *h = hostport;
+	socklen_t sl;
+	size_t hl;
+
+	if (sp_tcp_resolve(hostport, false, &ss, &sl) == -1)
+		return NULL;
+	cl = sp_client_alloc(loop, max_inflight, max_frame);
+	memcpy(&cl->cl_addr, &ss, sl);
+	cl->cl_addrlen = sl;
+	cl->cl_conn.c_typed = false;
+	snprintf(cl->cl_name, sizeof(cl->cl_name), "%s", hostport);
+	/* The certificate must name the host as written, brackets off. */
+	hl = (size_t)(strrchr(hostport, ':') - hostport);
+	if (hl >= 2 && h[0] == '[' && h[hl - 1] == ']') {
+		h++;
+		hl -= 2;
+	}
+	snprintf(cl->cl_host, sizeof(cl->cl_host), "%.*s", (int)hl, h);
+	cl->cl_tls = tls;
+	sp_client_dial(cl);
+	return cl;
+}
+
+/* A client with no address yet: the caller sets it, then dials. */
+static struct sp_client *
+sp_client_alloc(struct ev_loop *loop, unsigned max_inflight, size_t max_frame)
+{
 	struct sp_client *cl;
 	unsigned i;
 
 	cl = xcalloc(1, sizeof(*cl));
-	if (strlen(path) >= sizeof(cl->cl_sun.sun_path)) {
-		log_warnx("%s: %s: path too long", __func__, path);
-		free(cl);
-		return NULL;
-	}
-	cl->cl_sun.sun_family = AF_UNIX;
-	memcpy(cl->cl_sun.sun_path, path, strlen(path) + 1);
 	cl->cl_loop = loop;
 	cl->cl_conn.c_fd = -1;
 	cl->cl_backoff = SP_RECONN_MIN;
@@ -502,7 +758,6 @@ sp_client_new(struct ev_loop *loop, const char *path, unsigned max_inflight,
 	}
 	ev_io_init(&cl->cl_conn.c_io, sp_client_io_cb, -1, 0);
 	ev_timer_init(&cl->cl_timer, sp_client_timer_cb, 0., 0.);
-	sp_client_dial(cl);
 	return cl;
 }
 
@@ -666,7 +921,7 @@ sp_client_dial(struct sp_client *cl)
 	struct sp_conn *c = &cl->cl_conn;
 	int fd;
 
-	if ((fd = socket(AF_UNIX, SOCK_STREAM, 0)) == -1) {
+	if ((fd = socket(cl->cl_addr.ss_family, SOCK_STREAM, 0)) == -1) {
 		log_warn("%s: socket", __func__);
 		sp_client_lost(cl, NULL);
 		return;
@@ -677,12 +932,21 @@ sp_client_dial(struct sp_client *cl)
 		sp_client_lost(cl, NULL);
 		return;
 	}
-	sp_conn_init(c, fd, SP_PROTO_REQ0, SP_PROTO_REP0, c->c_max);
+	if (!c->c_typed)
+		sp_tcp_nodelay(fd);
+	sp_conn_init(c, fd, SP_PROTO_REQ0, SP_PROTO_REP0, c->c_max, c->c_typed);
+	if (cl->cl_tls != NULL &&
+	    (c->c_tls = tls_conn_new_client(cl->cl_tls, fd, cl->cl_host)) ==
+	        NULL) {
+		close(fd);
+		c->c_fd = -1;
+		sp_client_lost(cl, NULL);
+		return;
+	}
 	ev_timer_stop(cl->cl_loop, &cl->cl_timer);
 	ev_timer_set(&cl->cl_timer, SP_HANDSHAKE_SECS, 0.);
 	ev_timer_start(cl->cl_loop, &cl->cl_timer);
-	if (connect(fd, (struct sockaddr *)&cl->cl_sun, sizeof(cl->cl_sun)) ==
-	    0) {
+	if (connect(fd, (struct sockaddr *)&cl->cl_addr, cl->cl_addrlen) == 0) {
 		cl->cl_state = SP_HANDSHAKE;
 		if (sp_conn_flush(cl->cl_loop, c) == -1)
 			sp_client_lost(cl, "send");
@@ -693,7 +957,7 @@ sp_client_dial(struct sp_client *cl)
 		sp_conn_events(cl->cl_loop, c, EV_WRITE);
 		return;
 	}
-	log_debug("%s: %s: %s", __func__, cl->cl_sun.sun_path, strerror(errno));
+	log_debug("%s: %s: %s", __func__, cl->cl_name, strerror(errno));
 	sp_client_lost(cl, NULL);
 }
 
@@ -711,7 +975,7 @@ sp_client_lost(struct sp_client *cl, const char *why)
 
 	if (why != NULL && cl->cl_state == SP_OPEN)
 		log_warnx("%s: connection to %s lost: %s", __func__,
-		    cl->cl_sun.sun_path, why);
+		    cl->cl_name, why);
 	if (cl->cl_state == SP_OPEN)
 		cl->cl_down_since = ev_time();
 	sp_conn_close(cl->cl_loop, &cl->cl_conn);
@@ -866,7 +1130,7 @@ sp_client_timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
 		sp_client_dial(cl);
 	else if (cl->cl_state != SP_OPEN) {
 		log_debug("%s: %s: no handshake in time", __func__,
-		    cl->cl_sun.sun_path);
+		    cl->cl_name);
 		sp_client_lost(cl, NULL);
 	}
 	sp_client_leave(cl);
@@ -915,12 +1179,62 @@ sp_server_new(struct ev_loop *loop, const char *path, size_t max_frame,
 		close(fd);
 		return NULL;
 	}
+	srv = sp_server_start(loop, fd, path, true, max_frame, cb, arg);
+	srv->srv_dev = st.st_dev;
+	srv->srv_ino = st.st_ino;
+	return srv;
+}
+
+struct sp_server *
+sp_server_new_tcp(struct ev_loop *loop, const char *hostport, size_t max_frame,
+    sp_request_cb cb, void *arg)
+{
+	struct sockaddr_storage ss;
+	socklen_t sl;
+	int fd, on = 1;
+
+	if (sp_tcp_resolve(hostport, true, &ss, &sl) == -1)
+		return NULL;
+	if ((fd = socket(ss.ss_family, SOCK_STREAM, 0)) == -1) {
+		log_warn("%s: socket", __func__);
+		return NULL;
+	}
+	/* A restarted broker must not wait out its predecessor's TIME_WAIT. */
+	if (sp_nonblock(fd) == -1 ||
+	    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on)) == -1 ||
+	    bind(fd, (struct sockaddr *)&ss, sl) == -1 ||
+	    listen(fd, SP_LISTEN_QUEUE) == -1) {
+		log_warn("%s: listen tcp://%s", __func__, hostport);
+		close(fd);
+		return NULL;
+	}
+	return sp_server_start(loop, fd, hostport, false, max_frame, cb, arg);
+}
+
+struct sp_server *
+sp_server_new_tls(struct ev_loop *loop, const char *hostport,
+    struct tls_ctx *tls, size_t max_frame, sp_request_cb cb, void *arg)
+{
+	struct sp_server *srv;
+
+	if ((srv = sp_server_new_tcp(loop, hostport, max_frame, cb, arg)) !=
+	    NULL)
+		srv->srv_tls = tls;
+	return srv;
+}
+
+/* The server around a listening socket. */
+static struct sp_server *
+sp_server_start(struct ev_loop *loop, int fd, const char *name, bool unix_sock,
+    size_t max_frame, sp_request_cb cb, void *arg)
+{
+	struct sp_server *srv;
+
 	srv = xcalloc(1, sizeof(*srv));
 	srv->srv_loop = loop;
 	srv->srv_fd = fd;
-	memcpy(srv->srv_path, path, strlen(path) + 1);
-	srv->srv_dev = st.st_dev;
-	srv->srv_ino = st.st_ino;
+	srv->srv_unix = unix_sock;
+	snprintf(srv->srv_path, sizeof(srv->srv_path), "%s", name);
 	srv->srv_max = max_frame;
 	srv->srv_cb = cb;
 	srv->srv_arg = arg;
@@ -955,8 +1269,8 @@ sp_server_destroy(struct sp_server *srv)
 	ev_timer_stop(srv->srv_loop, &srv->srv_pause);
 	close(srv->srv_fd);
 	/* A successor may already listen on the path: leave its file. */
-	if (stat(srv->srv_path, &st) == 0 && st.st_dev == srv->srv_dev &&
-	    st.st_ino == srv->srv_ino)
+	if (srv->srv_unix && stat(srv->srv_path, &st) == 0 &&
+	    st.st_dev == srv->srv_dev && st.st_ino == srv->srv_ino)
 		unlink(srv->srv_path);
 	free(srv);
 }
@@ -965,6 +1279,22 @@ unsigned
 sp_server_nconns(const struct sp_server *srv)
 {
 	return srv == NULL ? 0 : srv->srv_nconns;
+}
+
+int
+sp_server_port(const struct sp_server *srv)
+{
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof(ss);
+
+	if (srv == NULL || srv->srv_unix ||
+	    getsockname(srv->srv_fd, (struct sockaddr *)&ss, &sl) == -1)
+		return -1;
+	if (ss.ss_family == AF_INET)
+		return ntohs(((struct sockaddr_in *)(void *)&ss)->sin_port);
+	if (ss.ss_family == AF_INET6)
+		return ntohs(((struct sockaddr_in6 *)(void *)&ss)->sin6_port);
+	return -1;
 }
 
 static void
@@ -1011,11 +1341,20 @@ sp_server_accept_cb(struct ev_loop *loop, ev_io *w, int revents)
 			close(fd);
 			continue;
 		}
+		if (!srv->srv_unix)
+			sp_tcp_nodelay(fd);
 		sc = xcalloc(1, sizeof(*sc));
 		sc->sc_srv = srv;
 		sp_conn_init(&sc->sc_conn, fd, SP_PROTO_REP0, SP_PROTO_REQ0,
-		    srv->srv_max);
+		    srv->srv_max, srv->srv_unix);
 		ev_io_init(&sc->sc_conn.c_io, sp_server_conn_cb, fd, 0);
+		if (srv->srv_tls != NULL &&
+		    (sc->sc_conn.c_tls =
+		            tls_conn_new_server(srv->srv_tls, fd)) == NULL) {
+			sp_conn_close(loop, &sc->sc_conn);
+			free(sc);
+			continue;
+		}
 		ev_timer_init(&sc->sc_timer, sp_server_hs_cb, SP_HANDSHAKE_SECS,
 		    0.);
 		ev_timer_start(loop, &sc->sc_timer);

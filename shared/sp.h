@@ -9,8 +9,12 @@
  *   REQ/REP payload: the backtrace (32-bit big-endian words, the last one,
  *   the request id, with its high bit set), then the body.
  *
+ * Over TCP (nng's tcp:// wire, src/sp/transport/tcp/tcp.c) the header is
+ * the same and a frame has no type byte: 64-bit big-endian payload
+ * length, payload.
+ *
  * A libnng REQ socket can query an sp_server and a libnng REP socket can
- * answer an sp_client (nng 1.5 src/sp/transport/ipc/ipc.c and
+ * answer an sp_client (nng 1.5 src/sp/transport/ipc/ipc.c, tcp/tcp.c and
  * src/sp/protocol/reqrep0/). Completion statuses are nng error codes so
  * callers keep one vocabulary with the libnng sockets of ipc.c.
  */
@@ -23,13 +27,17 @@
 
 #include <ev.h>
 
-#define SP_PROTO_REQ0  0x30
-#define SP_PROTO_REP0  0x31
-#define SP_HEADER_LEN  8
-#define SP_FRAME_HEAD  9 /* type byte + 64-bit length */
-#define SP_MAX_HOPS    8 /* nng REP's default TTL */
-#define SP_ID_FLAG     0x80000000u
-#define SP_MAX_REQUEST 4096 /* requests in flight per client */
+struct tls_ctx;
+
+#define SP_PROTO_REQ0     0x30
+#define SP_PROTO_REP0     0x31
+#define SP_HEADER_LEN     8
+#define SP_FRAME_HEAD     9 /* type byte + 64-bit length */
+#define SP_TCP_FRAME_HEAD 8 /* 64-bit length */
+#define SP_NAME_MAX       256 /* a socket path or host:port */
+#define SP_MAX_HOPS       8 /* nng REP's default TTL */
+#define SP_ID_FLAG        0x80000000u
+#define SP_MAX_REQUEST    4096 /* requests in flight per client */
 
 /* ---- wire codec (pure functions; the fuzz target drives these) ---- */
 
@@ -56,6 +64,11 @@ enum sp_frame_status {
  */
 enum sp_frame_status sp_frame_parse(const uint8_t *buf, size_t len, size_t max,
     const uint8_t **payload, size_t *plen, size_t *used);
+
+/* The same over TCP: frames are the length and the payload. */
+void sp_tcp_frame_head(uint8_t h[SP_TCP_FRAME_HEAD], uint64_t len);
+enum sp_frame_status sp_tcp_frame_parse(const uint8_t *buf, size_t len,
+    size_t max, const uint8_t **payload, size_t *plen, size_t *used);
 
 /*
  * REP side: the length of the backtrace at the head of a request payload
@@ -88,6 +101,20 @@ typedef void (
  */
 struct sp_client *sp_client_new(struct ev_loop *loop, const char *path,
     unsigned max_inflight, size_t max_frame);
+/*
+ * The same over TCP to hostport ("host:port", "[v6]:port"), resolved once
+ * here (a name that does not resolve: NULL, logged); TCP_NODELAY is set.
+ */
+struct sp_client *sp_client_new_tcp(struct ev_loop *loop, const char *hostport,
+    unsigned max_inflight, size_t max_frame);
+/*
+ * The same inside TLS (nng's tls+tcp:// wire: the SP bytes of tcp:// in
+ * a TLS stream). tls is a client context (shared/tls.h) that the caller
+ * keeps until the client is freed; the server certificate must name the
+ * host of hostport. A failed handshake counts as a lost connection.
+ */
+struct sp_client *sp_client_new_tls(struct ev_loop *loop, const char *hostport,
+    struct tls_ctx *tls, unsigned max_inflight, size_t max_frame);
 /*
  * Every request not yet completed completes once with NNG_ECLOSED before
  * this returns; called from an sp_reply_cb, the others complete after
@@ -138,6 +165,21 @@ typedef void (*sp_request_cb)(void *arg, const uint8_t *msg, size_t len,
  */
 struct sp_server *sp_server_new(struct ev_loop *loop, const char *path,
     size_t max_frame, sp_request_cb cb, void *arg);
+/*
+ * The same on TCP: listens on hostport ("host:port"; host empty or "*":
+ * every address; port 0: any, see sp_server_port) with SO_REUSEADDR.
+ */
+struct sp_server *sp_server_new_tcp(struct ev_loop *loop, const char *hostport,
+    size_t max_frame, sp_request_cb cb, void *arg);
+/*
+ * The same inside TLS, with a server context (shared/tls.h) the caller
+ * keeps until the server is freed; a context made with a CA requires
+ * every peer's certificate (tls_ctx_new_server_mutual).
+ */
+struct sp_server *sp_server_new_tls(struct ev_loop *loop, const char *hostport,
+    struct tls_ctx *tls, size_t max_frame, sp_request_cb cb, void *arg);
+/* The TCP port a server listens on; -1 for a Unix socket. */
+int sp_server_port(const struct sp_server *srv);
 /*
  * Closes the listener and every connection (replies not yet written are
  * dropped) and removes the socket file if it is still ours. NULL: no-op.

@@ -6,6 +6,9 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
@@ -27,6 +30,7 @@
 
 #include "shared/log.h"
 #include "shared/sp.h"
+#include "shared/tls.h"
 
 #define TEST_MAX   (1024 * 1024)
 #define BIG_LEN    (8 * 1024 * 1024)
@@ -1017,6 +1021,321 @@ test_send_from_timeout(void **state)
 	sp_server_free(srv);
 }
 
+/* ------------------------------------------------------------------ TCP */
+
+/* A loopback port nobody listens on just now. */
+static int
+free_tcp_port(void)
+{
+	struct sockaddr_in sin;
+	socklen_t sl = sizeof(sin);
+	int fd, port;
+
+	fd = socket(AF_INET, SOCK_STREAM, 0);
+	assert_true(fd >= 0);
+	memset(&sin, 0, sizeof(sin));
+	sin.sin_family = AF_INET;
+	sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	assert_int_equal(bind(fd, (struct sockaddr *)&sin, sizeof(sin)), 0);
+	assert_int_equal(getsockname(fd, (struct sockaddr *)&sin, &sl), 0);
+	port = ntohs(sin.sin_port);
+	close(fd);
+	return port;
+}
+
+static void
+test_tcp_codec(void **state)
+{
+	uint8_t f[16];
+	const uint8_t *p;
+	size_t plen, used;
+
+	(void)state;
+	sp_tcp_frame_head(f, 3);
+	assert_memory_equal(f, "\0\0\0\0\0\0\0\x03", 8);
+	memcpy(f + 8, "abc", 3);
+	assert_int_equal(sp_tcp_frame_parse(f, 7, 10, &p, &plen, &used),
+	    SP_FRAME_NEED);
+	assert_int_equal(sp_tcp_frame_parse(f, 9, 10, &p, &plen, &used),
+	    SP_FRAME_NEED);
+	assert_int_equal(used, 11);
+	assert_int_equal(sp_tcp_frame_parse(f, 11, 10, &p, &plen, &used),
+	    SP_FRAME_OK);
+	assert_int_equal(plen, 3);
+	assert_memory_equal(p, "abc", 3);
+	assert_int_equal(sp_tcp_frame_parse(f, 11, 2, &p, &plen, &used),
+	    SP_FRAME_TOO_LARGE);
+	/* No type byte: a first byte of 2 is a length byte. */
+	f[0] = 2;
+	assert_int_equal(sp_tcp_frame_parse(f, 11, 10, &p, &plen, &used),
+	    SP_FRAME_TOO_LARGE);
+}
+
+/* libnng REQ sockets (plain and contexts) against a tcp:// server. */
+static void
+test_tcp_nng_req_to_server(void **state)
+{
+	struct fixture *fx = *state;
+	char url[64];
+	struct nng_req_job j1 = { .nj_url = url, .nj_count = 50 };
+	struct nng_req_job j2 = { .nj_url = url,
+		.nj_count = 50,
+		.nj_big = TEST_MAX + 100 };
+	struct nng_ctx_job j3 = { .cj_url = url };
+	struct sp_server *srv;
+	pthread_t t1, t2, t3;
+	int seen = 0, port;
+
+	assert_null(sp_server_new_tcp(fx->fx_loop, "127.0.0.1", TEST_MAX,
+	    echo_cb, &seen));
+	srv = sp_server_new_tcp(fx->fx_loop, "127.0.0.1:0", TEST_MAX, echo_cb,
+	    &seen);
+	assert_non_null(srv);
+	port = sp_server_port(srv);
+	assert_true(port > 0);
+	snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", port);
+	assert_int_equal(pthread_create(&t1, NULL, nng_req_thread, &j1), 0);
+	assert_int_equal(pthread_create(&t2, NULL, nng_req_thread, &j2), 0);
+	assert_int_equal(pthread_create(&t3, NULL, nng_ctx_thread, &j3), 0);
+	assert_true(run_until_flag(fx->fx_loop, &j1.nj_done, 20.0));
+	assert_true(run_until_flag(fx->fx_loop, &j2.nj_done, 20.0));
+	assert_true(run_until_flag(fx->fx_loop, &j3.cj_done, 20.0));
+	pthread_join(t1, NULL);
+	pthread_join(t2, NULL);
+	pthread_join(t3, NULL);
+	assert_int_equal(j1.nj_ok, 50);
+	assert_int_equal(j2.nj_ok, 50);
+	assert_int_equal(j3.cj_ok, 5 * NCTX);
+	assert_int_equal(seen, 100 + 5 * NCTX);
+	sp_server_free(srv);
+}
+
+/* An sp_client over tcp:// against a libnng REP socket. */
+static void
+test_tcp_client_to_nng_rep(void **state)
+{
+	struct fixture *fx = *state;
+	char url[64], hp[64];
+	struct nng_rep_job j = { .rj_url = url };
+	struct rec r[32];
+	struct sp_client *cl;
+	char msg[32];
+	pthread_t t;
+	int i, done = 0, port = free_tcp_port();
+
+	snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", port);
+	snprintf(hp, sizeof(hp), "127.0.0.1:%d", port);
+	assert_int_equal(pthread_create(&t, NULL, nng_rep_thread, &j), 0);
+	while (atomic_load(&j.rj_ready) == 0)
+		usleep(1000);
+	assert_int_equal(atomic_load(&j.rj_ready), 1);
+	cl = sp_client_new_tcp(fx->fx_loop, hp, 32, TEST_MAX);
+	assert_non_null(cl);
+	memset(r, 0, sizeof(r));
+	for (i = 0; i < 32; i++) {
+		r[i].r_counter = &done;
+		snprintf(msg, sizeof(msg), "tcp-%d", i);
+		assert_int_equal(sp_client_send(cl, (const uint8_t *)msg,
+		                     strlen(msg), 5000, rec_cb, &r[i]),
+		    0);
+	}
+	assert_true(run_until(fx->fx_loop, &done, 32, 15.0));
+	for (i = 0; i < 32; i++) {
+		snprintf(msg, sizeof(msg), ">tcp-%d", i);
+		assert_int_equal(r[i].r_status, 0);
+		assert_string_equal(r[i].r_body, msg);
+	}
+	sp_client_free(cl);
+	atomic_store(&j.rj_stop, 1);
+	pthread_join(t, NULL);
+	assert_int_equal(j.rj_served, 32);
+}
+
+/* Our own ends over TCP: a big frame, then a server restart redialed. */
+static void
+test_tcp_client_server_restart(void **state)
+{
+	struct fixture *fx = *state;
+	struct sp_server *srv;
+	struct sp_client *cl;
+	struct rec r = { 0 }, r2 = { 0 };
+	char hp[64];
+	uint8_t *big;
+	ev_tstamp t0;
+	int done = 0, seen = 0, port;
+
+	srv = sp_server_new_tcp(fx->fx_loop, "127.0.0.1:0", BIG_LEN + 64,
+	    echo_cb, &seen);
+	assert_non_null(srv);
+	port = sp_server_port(srv);
+	snprintf(hp, sizeof(hp), "localhost:%d", port);
+	cl = sp_client_new_tcp(fx->fx_loop, hp, 4, BIG_LEN + 64);
+	assert_non_null(cl);
+	big = malloc(BIG_LEN);
+	assert_non_null(big);
+	memset(big, 'x', BIG_LEN);
+	r.r_counter = &done;
+	assert_int_equal(
+	    sp_client_send(cl, big, BIG_LEN, IO_TIMEOUT, rec_cb, &r), 0);
+	free(big);
+	assert_true(run_until(fx->fx_loop, &done, 1, 10.0));
+	assert_int_equal(r.r_status, 0);
+	assert_int_equal(r.r_len, BIG_LEN + 1);
+	assert_true(sp_client_down_secs(cl) == 0.);
+	sp_server_free(srv);
+	/* The client sees the loss (a request framed before would fail). */
+	t0 = ev_time();
+	while (sp_client_down_secs(cl) == 0. && ev_time() - t0 < 5.0)
+		(void)run_until(fx->fx_loop, &done, 3, 0.02);
+	assert_true(sp_client_down_secs(cl) > 0.);
+	/* Same port at once (SO_REUSEADDR), the client comes back. */
+	snprintf(hp, sizeof(hp), "127.0.0.1:%d", port);
+	srv = sp_server_new_tcp(fx->fx_loop, hp, BIG_LEN + 64, echo_cb, &seen);
+	assert_non_null(srv);
+	r2.r_counter = &done;
+	assert_int_equal(sp_client_send(cl, (const uint8_t *)"again", 5,
+	                     IO_TIMEOUT, rec_cb, &r2),
+	    0);
+	assert_true(run_until(fx->fx_loop, &done, 2, 10.0));
+	assert_int_equal(r2.r_status, 0);
+	assert_string_equal(r2.r_body, ">again");
+	assert_int_equal(seen, 2);
+	sp_client_free(cl);
+	sp_server_free(srv);
+}
+
+/* ------------------------------------------------------------------ TLS */
+
+/* A CA, a server certificate for localhost, a client one, a stranger. */
+static int
+make_certs(const char *d)
+{
+	char cmd[2048];
+
+	snprintf(cmd, sizeof(cmd),
+	    "(cd %s && E='-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 "
+	    "-nodes' && "
+	    "openssl req -x509 $E -keyout ca.key -out ca.crt "
+	    "-subj /CN=sp-test-ca -days 2 && "
+	    "openssl req -x509 $E -keyout other.key -out other.crt "
+	    "-subj /CN=sp-other-ca -days 2 && "
+	    "printf 'subjectAltName=DNS:localhost\\n' > ext.cnf && "
+	    "openssl req $E -keyout srv.key -out srv.csr -subj /CN=localhost "
+	    "&& "
+	    "openssl x509 -req -in srv.csr -CA ca.crt -CAkey ca.key "
+	    "-set_serial 2 -days 2 -extfile ext.cnf -out srv.crt && "
+	    "openssl req $E -keyout cli.key -out cli.csr -subj /CN=frontend && "
+	    "openssl x509 -req -in cli.csr -CA ca.crt -CAkey ca.key "
+	    "-set_serial 3 -days 2 -out cli.crt && "
+	    "openssl req $E -keyout bad.key -out bad.csr -subj /CN=stranger && "
+	    "openssl x509 -req -in bad.csr -CA other.crt -CAkey other.key "
+	    "-set_serial 4 -days 2 -out bad.crt) >/dev/null 2>&1",
+	    d);
+	return system(cmd);
+}
+
+static struct tls_ctx *
+tls_client(const char *d, const char *name)
+{
+	char ca[256], crt[256], key[256];
+	const char *cas[2] = { ca, NULL };
+
+	snprintf(ca, sizeof(ca), "%s/ca.crt", d);
+	snprintf(crt, sizeof(crt), "%s/%s.crt", d, name);
+	snprintf(key, sizeof(key), "%s/%s.key", d, name);
+	return tls_ctx_new_client(cas, name != NULL ? crt : NULL,
+	    name != NULL ? key : NULL);
+}
+
+/*
+ * tls+tcp:// with certificates both ways: a known client is answered
+ * (small requests and a frame larger than a TLS record); a client with
+ * no certificate, or one from another CA, is never heard.
+ */
+static void
+test_tls_mutual(void **state)
+{
+	struct fixture *fx = *state;
+	char crt[256], key[256], ca[256], hp[64];
+	struct tls_ctx *sctx, *good, *anon, *bad;
+	struct sp_server *srv;
+	struct sp_client *cl, *cl_anon, *cl_bad;
+	struct rec r[16], ra = { 0 }, rb = { 0 };
+	uint8_t *big;
+	char msg[32];
+	int i, done = 0, seen = 0;
+
+	assert_int_equal(make_certs(fx->fx_dir), 0);
+	snprintf(crt, sizeof(crt), "%s/srv.crt", fx->fx_dir);
+	snprintf(key, sizeof(key), "%s/srv.key", fx->fx_dir);
+	snprintf(ca, sizeof(ca), "%s/ca.crt", fx->fx_dir);
+	assert_null(tls_ctx_new_server_mutual(crt, key, NULL));
+	sctx = tls_ctx_new_server_mutual(crt, key, ca);
+	assert_non_null(sctx);
+	good = tls_client(fx->fx_dir, "cli");
+	anon = tls_client(fx->fx_dir, NULL);
+	bad = tls_client(fx->fx_dir, "bad");
+	assert_non_null(good);
+	assert_non_null(anon);
+	assert_non_null(bad);
+	srv = sp_server_new_tls(fx->fx_loop, "127.0.0.1:0", sctx, TEST_MAX,
+	    echo_cb, &seen);
+	assert_non_null(srv);
+	snprintf(hp, sizeof(hp), "localhost:%d", sp_server_port(srv));
+	cl = sp_client_new_tls(fx->fx_loop, hp, good, 16, TEST_MAX);
+	cl_anon = sp_client_new_tls(fx->fx_loop, hp, anon, 1, TEST_MAX);
+	cl_bad = sp_client_new_tls(fx->fx_loop, hp, bad, 1, TEST_MAX);
+	assert_non_null(cl);
+	assert_non_null(cl_anon);
+	assert_non_null(cl_bad);
+	memset(r, 0, sizeof(r));
+	for (i = 0; i < 15; i++) {
+		r[i].r_counter = &done;
+		snprintf(msg, sizeof(msg), "tls-%d", i);
+		assert_int_equal(sp_client_send(cl, (const uint8_t *)msg,
+		                     strlen(msg), IO_TIMEOUT, rec_cb, &r[i]),
+		    0);
+	}
+	big = malloc(TEST_MAX / 2);
+	assert_non_null(big);
+	memset(big, 'b', TEST_MAX / 2);
+	r[15].r_counter = &done;
+	assert_int_equal(
+	    sp_client_send(cl, big, TEST_MAX / 2, IO_TIMEOUT, rec_cb, &r[15]),
+	    0);
+	free(big);
+	ra.r_counter = rb.r_counter = &done;
+	assert_int_equal(sp_client_send(cl_anon, (const uint8_t *)"anon", 4,
+	                     1500, rec_cb, &ra),
+	    0);
+	assert_int_equal(sp_client_send(cl_bad, (const uint8_t *)"bad", 3, 1500,
+	                     rec_cb, &rb),
+	    0);
+	assert_true(run_until(fx->fx_loop, &done, 18, 20.0));
+	for (i = 0; i < 15; i++) {
+		snprintf(msg, sizeof(msg), ">tls-%d", i);
+		assert_int_equal(r[i].r_status, 0);
+		assert_string_equal(r[i].r_body, msg);
+	}
+	assert_int_equal(r[15].r_status, 0);
+	assert_int_equal(r[15].r_len, TEST_MAX / 2 + 1);
+	assert_int_equal(ra.r_status, NNG_ETIMEDOUT);
+	assert_int_equal(rb.r_status, NNG_ETIMEDOUT);
+	assert_int_equal(seen, 16);
+	sp_client_free(cl);
+	sp_client_free(cl_anon);
+	sp_client_free(cl_bad);
+	sp_server_free(srv);
+	tls_ctx_free(good);
+	tls_ctx_free(anon);
+	tls_ctx_free(bad);
+	tls_ctx_free(sctx);
+	snprintf(crt, sizeof(crt),
+	    "cd %s && rm -f ca.* other.* srv.* cli.* bad.* ext.cnf",
+	    fx->fx_dir);
+	assert_int_equal(system(crt), 0);
+}
+
 int
 main(void)
 {
@@ -1051,6 +1370,15 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_client_limits, setup,
 		    teardown),
 		cmocka_unit_test_setup_teardown(test_send_from_timeout, setup,
+		    teardown),
+		cmocka_unit_test(test_tcp_codec),
+		cmocka_unit_test_setup_teardown(test_tcp_nng_req_to_server,
+		    setup, teardown),
+		cmocka_unit_test_setup_teardown(test_tcp_client_to_nng_rep,
+		    setup, teardown),
+		cmocka_unit_test_setup_teardown(test_tcp_client_server_restart,
+		    setup, teardown),
+		cmocka_unit_test_setup_teardown(test_tls_mutual, setup,
 		    teardown),
 	};
 

@@ -156,6 +156,33 @@ tls_ctx_new_server(const char *cert_path, const char *key_path)
 }
 
 struct tls_ctx *
+tls_ctx_new_server_mutual(const char *cert_path, const char *key_path,
+    const char *ca_path)
+{
+	struct tls_ctx *ctx;
+	char what[512];
+	int ret;
+
+	if (ca_path == NULL) {
+		log_warnx("%s: a CA is required", __func__);
+		return NULL;
+	}
+	if ((ctx = tls_ctx_new_server(cert_path, key_path)) == NULL)
+		return NULL;
+	if ((ret = mbedtls_x509_crt_parse_file(&ctx->tc_ca, ca_path)) < 0 ||
+	    ctx->tc_ca.version == 0) {
+		snprintf(what, sizeof(what), "CA file %s", ca_path);
+		tls_log_err(__func__, what,
+		    ret < 0 ? ret : MBEDTLS_ERR_X509_CERT_UNKNOWN_FORMAT);
+		tls_ctx_free(ctx);
+		return NULL;
+	}
+	mbedtls_ssl_conf_ca_chain(&ctx->tc_conf, &ctx->tc_ca, NULL);
+	mbedtls_ssl_conf_authmode(&ctx->tc_conf, MBEDTLS_SSL_VERIFY_REQUIRED);
+	return ctx;
+}
+
+struct tls_ctx *
 tls_ctx_new_client(const char *const *ca_paths, const char *cert_path,
     const char *key_path)
 {

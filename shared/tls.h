@@ -47,6 +47,13 @@ enum tls_result {
  * match the certificate. Free with tls_ctx_free.
  */
 struct tls_ctx *tls_ctx_new_server(const char *cert_path, const char *key_path);
+/*
+ * A server context that requires every client to present a certificate
+ * chained to the PEM CA file ca_path (mutual TLS: the broker's remote
+ * listeners). NULL (logged) when a file cannot be loaded.
+ */
+struct tls_ctx *tls_ctx_new_server_mutual(const char *cert_path,
+    const char *key_path, const char *ca_path);
 
 /*
  * Client context for connections to workers. ca_paths is a NULL-terminated

@@ -5,11 +5,16 @@ In one run, alternating ROUNDS times:
   socketpair  bench-pingpong (two processes, blocking reads), 256 B
   sp          bench-ipc-rtt --transport sp: shared/ipc.h REQ -> REP echo,
               both on libev loops (the frontend-broker transport)
+  sp-tcp      the same over tcp:// on loopback (remote frontends)
+  sp-tls      the same over tls+tcp:// with mutual certificates
   nng         bench-ipc-rtt --transport nng: libnng REQ/REP with contexts
               and ev_async, the transport before sp.c
   gateway     smg (1 frontend, round_robin, a simworker --time-scale 0):
               sequential /generate requests; smg_broker_round_trip_seconds
               read from fine histogram buckets (bucket upper bounds)
+  gateway-tcp the same through a frontend of another run dir ("host")
+              that reaches the broker over --broker tcp://127.0.0.1:PORT
+  gateway-tls the same over tls+tcp:// with mutual certificates
 
 usage: broker_rtt.py [--build-dir DIR] [--rounds N] [--count N]
 Prints one JSON object per measurement, then each transport's median
@@ -51,18 +56,90 @@ def quantile(buckets, q):
     return float("inf")
 
 
-def gateway(count):
+def certs(tmp):
+    """CA, broker (localhost) and frontend certificates; the broker's and
+    the frontend's --broker-tls-* arguments."""
+    d = tmp / "certs"
+    d.mkdir()
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+          "-nodes"]
+
+    def ossl(*args):
+        subprocess.run(["openssl", *args], cwd=d, check=True,
+                       capture_output=True)
+    ossl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt",
+         "-subj", "/CN=rtt-ca", "-days", "2")
+    (d / "ext.cnf").write_text("subjectAltName=DNS:localhost\n")
+    for i, (name, cn) in enumerate((("brain", "localhost"),
+                                    ("fe", "frontend"))):
+        ossl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr",
+             "-subj", f"/CN={cn}")
+        ossl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt",
+             "-CAkey", "ca.key", "-set_serial", str(i + 2), "-days", "2",
+             "-extfile", "ext.cnf", "-out", f"{name}.crt")
+
+    def args(name):
+        return ["--broker-tls-cert", str(d / f"{name}.crt"),
+                "--broker-tls-key", str(d / f"{name}.key"),
+                "--broker-tls-ca", str(d / "ca.crt")]
+    return args("brain"), args("fe")
+
+
+def remote_frontend(tmp, burl, extra=()):
+    """One smg-frontend with a run dir of its own and --broker burl."""
+    import util
+    run = tmp / "remote" / "run"
+    state = tmp / "remote" / "state"
+    os.makedirs(run, mode=0o700)
+    os.makedirs(state, mode=0o700)
+    port, mport = util.free_port(), util.free_port()
+    p = util.Proc("remote", [util.binary("smg-frontend"),
+                             "--host", "127.0.0.1", "--port", str(port),
+                             "--prometheus-host", "127.0.0.1",
+                             "--prometheus-port", str(mport),
+                             "--prometheus-duration-buckets", BUCKETS,
+                             "--run-dir", str(run), "--state-dir",
+                             str(state), "--frontends", "1",
+                             "--frontend-slot", "0", "--broker", burl,
+                             *extra],
+                  tmp)
+
+    def ready():
+        try:
+            r = util.get(port, "/readiness", timeout=2)
+        except OSError:
+            return None
+        return r.status == 200 or None
+    util.wait_for(ready, timeout=30, what="the remote frontend ready")
+    return p, port, mport
+
+
+def gateway(count, remote=None):
+    """remote: None (the gateway's own frontend), "tcp" or "tls"."""
     import gw
     import sim
+    import util
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="broker-rtt."))
     w = sim.start_simworker(tmp, "--time-scale", "0")
+    port = util.free_port()
+    burl = f"tcp://127.0.0.1:{port}"
+    fe_url, bargs, fargs = burl, [], []
+    if remote == "tls":
+        burl = f"tls+tcp://127.0.0.1:{port}"
+        fe_url = f"tls+tcp://localhost:{port}"
+        bargs, fargs = certs(tmp)
+    rp = None
     try:
         with gw.start_gateway(tmp, "--policy", "round_robin",
                               "--worker-urls", w.url,
                               "--prometheus-duration-buckets",
-                              BUCKETS) as g:
+                              BUCKETS, "--broker-listen", burl,
+                              *bargs) as g:
             g.wait_ready(1)
-            c = http.client.HTTPConnection("127.0.0.1", g.port, timeout=10)
+            port, mport = g.port, g.metrics_port
+            if remote:
+                rp, port, mport = remote_frontend(tmp, fe_url, fargs)
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
             body = json.dumps({"text": "hello " * 40,
                                "sampling_params": {"max_new_tokens": 1}})
             for _ in range(count):
@@ -71,9 +148,14 @@ def gateway(count):
                 r = c.getresponse()
                 r.read()
                 assert r.status == 200, r.status
-            m = g.metrics()
+            m = util.get(mport, "/metrics").body.decode()
+            if rp is not None:
+                rp.stop()
+                rp = None
             g.stop()
     finally:
+        if rp is not None:
+            rp.kill()
         w.stop()
     bk = sorted((float(le), int(v)) for le, v in re.findall(
         r'smg_broker_round_trip_seconds_bucket\{le="([0-9.e+-]+)"\} (\d+)',
@@ -82,7 +164,8 @@ def gateway(count):
                       m).group(1))
     fb = re.search(r"^smg_broker_fallback_decisions_total(?:\{\})? (\d+)",
                    m, re.M)
-    return {"transport": "gateway", "count": n,
+    return {"transport": f"gateway-{remote}" if remote else "gateway",
+            "count": n,
             "p50_us": quantile(bk, 0.5) * 1e6,
             "p99_us": quantile(bk, 0.99) * 1e6,
             "fallback_decisions": int(fb.group(1)) if fb else 0}
@@ -104,6 +187,10 @@ def main():
                                 str(a.count)]),
                 ("sp", [str(b / "bench-ipc-rtt"), "--transport", "sp",
                         "--count", str(a.count)]),
+                ("sp-tcp", [str(b / "bench-ipc-rtt"), "--transport",
+                            "sp-tcp", "--count", str(a.count)]),
+                ("sp-tls", [str(b / "bench-ipc-rtt"), "--transport",
+                            "sp-tls", "--count", str(a.count)]),
                 ("nng", [str(b / "bench-ipc-rtt"), "--transport", "nng",
                          "--count", str(a.count)])]
         for name, argv in runs:
@@ -111,9 +198,10 @@ def main():
             r["transport"] = name
             print(json.dumps(r), flush=True)
             res.setdefault(name, []).append(r)
-        r = gateway(a.gateway_count)
-        print(json.dumps(r), flush=True)
-        res.setdefault("gateway", []).append(r)
+        for remote in (None, "tcp", "tls"):
+            r = gateway(a.gateway_count, remote)
+            print(json.dumps(r), flush=True)
+            res.setdefault(r["transport"], []).append(r)
     # Ratios within each round (same moment, same load), then medians.
     base = res["socketpair"]
     print(f"per-round ratio to the socketpair, median of {a.rounds} rounds "

@@ -3,23 +3,32 @@
  * each on its own libev loop, over the decision conversation's transport:
  *
  *   sp   shared/ipc.h REQ client -> REP server (SP on the loops, sp.c)
+ *   sp-tcp  the same over tcp:// on loopback (remote frontends)
+ *   sp-tls  the same over tls+tcp:// with mutual certificates (made with
+ *           the openssl command in the temporary directory)
  *   nng  libnng REQ/REP with contexts whose aio callbacks queue to the
  *        loop with ev_async, as the frontend and broker did before sp.c
  *
  * The server answers every message with a copy of it. Compare with
  * bench-pingpong (a socketpair with blocking reads) run beside it.
  *
- * usage: bench-ipc-rtt [--transport sp|nng] [--size BYTES] [--count N]
+ * usage: bench-ipc-rtt [--transport sp|sp-tcp|sp-tls|nng] [--size BYTES]
+ *                      [--count N]
  *                      [--warmup N]
  * Prints one JSON object on stdout:
  *   {"transport":"sp","size":256,"count":20000,"p50_us":..,"p99_us":..,
  *    "mean_us":..,"round_trips_per_s":..}
  */
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <errno.h>
+#include <stdbool.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
@@ -36,6 +45,7 @@
 
 #include "shared/ipc.h"
 #include "shared/log.h"
+#include "shared/tls.h"
 #include "shared/xmalloc.h"
 
 struct bench {
@@ -272,19 +282,83 @@ static void
 usage(void)
 {
 	fprintf(stderr,
-	    "usage: bench-ipc-rtt [--transport sp|nng] "
+	    "usage: bench-ipc-rtt [--transport sp|sp-tcp|sp-tls|nng] "
 	    "[--size BYTES] [--count N] [--warmup N]\n");
 	exit(2);
 }
 
+/* A loopback port free just now. */
+static int
+tcp_port(void)
+{
+	struct sockaddr_in sin;
+	socklen_t sl = sizeof(sin);
+	int fd, port;
+
+	if ((fd = socket(AF_INET, SOCK_STREAM, 0)) == -1)
+		fatal("socket");
+	memset(&sin, 0, sizeof(sin));
+	sin.sin_family = AF_INET;
+	sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	if (bind(fd, (struct sockaddr *)&sin, sizeof(sin)) == -1 ||
+	    getsockname(fd, (struct sockaddr *)&sin, &sl) == -1)
+		fatal("bind");
+	port = ntohs(sin.sin_port);
+	close(fd);
+	return port;
+}
+
+/* The certificates of sp-tls: a CA, the server (localhost), a client. */
 static void
-run_server(const char *transport, const char *url)
+tls_certs(const char *dir)
+{
+	char cmd[2048];
+
+	snprintf(cmd, sizeof(cmd),
+	    "(cd %s && E='-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 "
+	    "-nodes' && "
+	    "openssl req -x509 $E -keyout ca.key -out ca.crt -subj /CN=rtt "
+	    "-days 2 && printf 'subjectAltName=DNS:localhost\\n' > ext.cnf "
+	    "&& openssl req $E -keyout srv.key -out srv.csr -subj "
+	    "/CN=localhost && openssl x509 -req -in srv.csr -CA ca.crt "
+	    "-CAkey ca.key -set_serial 2 -days 2 -extfile ext.cnf -out "
+	    "srv.crt && openssl req $E -keyout cli.key -out cli.csr -subj "
+	    "/CN=cli && openssl x509 -req -in cli.csr -CA ca.crt -CAkey "
+	    "ca.key -set_serial 3 -days 2 -out cli.crt) >/dev/null 2>&1",
+	    dir);
+	if (system(cmd) != 0)
+		fatalx("openssl failed");
+}
+
+static struct tls_ctx *
+tls_ctx_of(const char *dir, bool server)
+{
+	char crt[256], key[256], ca[256];
+	const char *cas[2] = { ca, NULL };
+	struct tls_ctx *ctx;
+
+	snprintf(crt, sizeof(crt), "%s/%s.crt", dir, server ? "srv" : "cli");
+	snprintf(key, sizeof(key), "%s/%s.key", dir, server ? "srv" : "cli");
+	snprintf(ca, sizeof(ca), "%s/ca.crt", dir);
+	ctx = server ? tls_ctx_new_server_mutual(crt, key, ca)
+	             : tls_ctx_new_client(cas, crt, key);
+	if (ctx == NULL)
+		fatalx("tls context");
+	return ctx;
+}
+
+static void
+run_server(const char *transport, const char *url, const char *dir)
 {
 	struct bench srv;
 
 	memset(&srv, 0, sizeof(srv));
 	srv.b_loop = ev_default_loop(0);
-	if (strcmp(transport, "sp") == 0) {
+	if (strcmp(transport, "sp-tls") == 0) {
+		if (ipc_server_new_tls(srv.b_loop, url, tls_ctx_of(dir, true),
+		        sp_echo_cb, NULL) == NULL)
+			_exit(1);
+	} else if (strncmp(transport, "sp", 2) == 0) {
 		if (ipc_server_new(srv.b_loop, url, IPC_SERVER_REP, sp_echo_cb,
 		        NULL) == NULL)
 			_exit(1);
@@ -305,6 +379,7 @@ main(int argc, char **argv)
 	pid_t pid;
 	size_t i;
 	int status, tries;
+	bool tcp, tls;
 
 	log_init("bench-ipc-rtt", LOG_LEVEL_WARN);
 	memset(&b, 0, sizeof(b));
@@ -328,28 +403,44 @@ main(int argc, char **argv)
 		else
 			usage();
 	}
-	if (strcmp(transport, "sp") != 0 && strcmp(transport, "nng") != 0)
+	if (strcmp(transport, "sp") != 0 && strcmp(transport, "sp-tcp") != 0 &&
+	    strcmp(transport, "sp-tls") != 0 && strcmp(transport, "nng") != 0)
 		usage();
+	tls = strcmp(transport, "sp-tls") == 0;
+	tcp = tls || strcmp(transport, "sp-tcp") == 0;
 	signal(SIGPIPE, SIG_IGN);
 	if (mkdtemp(dir) == NULL)
 		fatal("mkdtemp");
 	snprintf(path, sizeof(path), "%s/rtt.ipc", dir);
-	snprintf(url, sizeof(url), "ipc://%s", path);
+	if (tls) {
+		tls_certs(dir);
+		snprintf(url, sizeof(url), "tls+tcp://localhost:%d",
+		    tcp_port());
+	} else if (tcp)
+		snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", tcp_port());
+	else
+		snprintf(url, sizeof(url), "ipc://%s", path);
 
 	/* Fork before either side touches nng (no threads across fork). */
 	if ((pid = fork()) == -1)
 		fatal("fork");
 	if (pid == 0)
-		run_server(transport, url);
-	for (tries = 0; stat(path, &st) == -1 && tries < 500; tries++)
+		run_server(transport, url, dir);
+	for (tries = 0; !tcp && stat(path, &st) == -1 && tries < 500; tries++)
 		usleep(10000);
+	/* Over TCP the client redials until the server listens. */
 
 	b.b_loop = ev_default_loop(0);
 	b.b_msg = xmalloc(b.b_size);
 	memset(b.b_msg, 'p', b.b_size);
 	b.b_rtt = xcalloc(b.b_count, sizeof(*b.b_rtt));
 	b.b_t0 = now_ns();
-	if (strcmp(transport, "sp") == 0) {
+	if (tls) {
+		if ((b.b_cl = ipc_client_new_tls(b.b_loop, url,
+		         tls_ctx_of(dir, false), 1)) == NULL)
+			fatalx("ipc_client_new_tls");
+		sp_send(&b);
+	} else if (strncmp(transport, "sp", 2) == 0) {
 		if ((b.b_cl = ipc_client_new(b.b_loop, url, IPC_CLIENT_REQ,
 		         1)) == NULL)
 			fatalx("ipc_client_new");
@@ -364,6 +455,13 @@ main(int argc, char **argv)
 	while (waitpid(pid, &status, 0) == -1 && errno == EINTR)
 		;
 	unlink(path);
+	if (tls) {
+		char rm[512];
+
+		snprintf(rm, sizeof(rm),
+		    "cd %s && rm -f ca.* srv.* cli.* ext.cnf", dir);
+		(void)system(rm);
+	}
 	rmdir(dir);
 	if (b.b_failed)
 		return 1;

@@ -134,7 +134,10 @@ class Gateway:
 
     def all_started(self):
         p = self.pids()
-        return (len(p["broker"]) == 1 and len(p["poller"]) == 1 and
+        # With --broker the broker and the poller are another host's.
+        backend = 0 if "--broker" in self.argv else 1
+        return (len(p["broker"]) == backend and
+                len(p["poller"]) == backend and
                 len(p["frontend"]) == self.frontends)
 
     def wait_live(self, timeout=15.0):
