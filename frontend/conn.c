@@ -206,8 +206,11 @@ conn_drain_all(void)
 			conn_kill(c);
 		else if (c->c_state == CONN_BUSY)
 			c->c_close_after = true;
-		else if (conn_pending(c) == 0)
-			conn_kill(c);
+		else if (c->c_state == CONN_IDLE && conn_pending(c) == 0)
+			/* A keep-alive client may be sending its next request
+			 * right now: it gets a moment to be answered (with
+			 * Connection: close) instead of a reset. */
+			conn_arm_timer(c, FE_DRAIN_IDLE_SECS);
 		else
 			c->c_close_after = true;
 	}
@@ -740,7 +743,7 @@ conn_process(struct conn *c)
 	if (c->c_dead)
 		return;
 	if (c->c_state == CONN_IDLE && c->c_inlen == 0 && fe->fe_draining &&
-	    conn_pending(c) == 0) {
+	    conn_pending(c) == 0 && !ev_is_active(&c->c_timer)) {
 		conn_kill(c);
 		return;
 	}

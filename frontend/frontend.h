@@ -35,6 +35,7 @@
 #define FE_BROKER_TIMEOUT_MS 250 /* one decision batch round trip */
 #define FE_ADMIN_TIMEOUT_MS  10000 /* worker API through the broker */
 #define FE_ADMIN_DOWN_MS     800 /* ... when no broker process is alive */
+#define FE_DRAIN_IDLE_SECS   1.0 /* idle keep-alive clients while draining */
 #define FE_OUTCOME_FLUSH     0.05 /* outcomes wait at most this long */
 #define FE_PING_INTERVAL     0.25 /* broker probe while it is down */
 #define FE_HEARTBEAT         0.25

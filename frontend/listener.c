@@ -61,6 +61,7 @@ static void listener_resume_cb(struct ev_loop *, ev_timer *, int);
 static uint64_t listener_shed(void);
 static void listener_reply_503(int fd);
 static void listener_spare_open(void);
+static void listener_take_backlog(struct listener *);
 
 int
 listener_open(const char *host, long port, enum listener_kind kind)
@@ -132,11 +133,35 @@ listener_close_all(void)
 	}
 	for (i = 0; i < nlisteners; i++) {
 		ev_io_stop(fe->fe_loop, &listeners[i]->l_io);
+		/*
+		 * With SO_REUSEPORT each frontend has its own accept queue,
+		 * and closing the socket resets what waits in it: take those
+		 * clients first (they are answered with Connection: close);
+		 * new ones go to the other frontends from the close on.
+		 */
+		listener_take_backlog(listeners[i]);
 		close(listeners[i]->l_fd);
 		free(listeners[i]);
 		listeners[i] = NULL;
 	}
 	nlisteners = 0;
+}
+
+static void
+listener_take_backlog(struct listener *l)
+{
+	int fd, on = 1, n;
+
+	for (n = 0; n < FE_MAX_CONNS && fe->fe_nconns < FE_MAX_CONNS; n++) {
+		fd = accept4(l->l_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		if (fd == -1) {
+			if (errno == EINTR || errno == ECONNABORTED)
+				continue;
+			return;
+		}
+		(void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));
+		conn_accept(fd, l->l_kind);
+	}
 }
 
 static void

@@ -35,7 +35,7 @@ struct frontend *fe = &fe_state;
 
 static ev_signal sig_term, sig_int;
 static ev_timer heartbeat_timer, drain_timer;
-static ev_tstamp drain_deadline;
+static ev_tstamp drain_deadline, drain_started;
 
 static void frontend_sig_cb(struct ev_loop *, ev_signal *, int);
 static void frontend_heartbeat_cb(struct ev_loop *, ev_timer *, int);
@@ -68,7 +68,11 @@ frontend_drain_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
 	(void)w;
 	(void)revents;
-	if (fe->fe_nbusy == 0) {
+	/* Idle keep-alive connections get FE_DRAIN_IDLE_SECS to send a last
+	 * request (answered with Connection: close) before the exit. */
+	if (fe->fe_nbusy == 0 &&
+	    (fe->fe_nconns == 0 ||
+	        ev_now(loop) >= drain_started + FE_DRAIN_IDLE_SECS)) {
 		log_info("%s: drained", __func__);
 		ev_break(loop, EVBREAK_ALL);
 	} else if (ev_now(loop) >= drain_deadline) {
@@ -93,8 +97,9 @@ frontend_sig_cb(struct ev_loop *loop, ev_signal *w, int revents)
 	fe->fe_draining = true;
 	listener_close_all();
 	conn_drain_all();
+	drain_started = ev_now(loop);
 	drain_deadline =
-	    ev_now(loop) + (double)fe->fe_cf->cf_shutdown_grace_period_secs;
+	    drain_started + (double)fe->fe_cf->cf_shutdown_grace_period_secs;
 	ev_timer_init(&drain_timer, frontend_drain_cb, 0., FE_DRAIN_CHECK);
 	ev_timer_start(loop, &drain_timer);
 }
