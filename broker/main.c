@@ -19,36 +19,6 @@
 #include "broker.h"
 #include "kvindex.h"
 
-static void broker_claim_port(struct ev_loop *loop, const struct config *cf);
-
-/*
- * One gateway per --host:--port (shared/portlock.h). Under a supervisor
- * the broker holds the claim; under the launcher the launcher does and
- * the broker finds it held by its own run dir.
- */
-static void
-broker_claim_port(struct ev_loop *loop, const struct config *cf)
-{
-	struct portlock_owner o;
-
-	switch (
-	    portlock_take(loop, cf->cf_host, cf->cf_port, cf->cf_run_dir, &o)) {
-	case PORTLOCK_TAKEN:
-	case PORTLOCK_SAME:
-	case PORTLOCK_FREE:
-		return;
-	case PORTLOCK_OTHER:
-		log_error(
-		    "%s: %s:%ld is already served by the smg-c gateway of "
-		    "pid %ld (run dir %s); not starting",
-		    __func__, cf->cf_host, cf->cf_port, o.po_pid, o.po_run_dir);
-		exit(2);
-	case PORTLOCK_ERROR:
-		break;
-	}
-	fatal("%s: cannot claim %s:%ld", __func__, cf->cf_host, cf->cf_port);
-}
-
 int
 main(int argc, char *argv[])
 {
@@ -63,7 +33,10 @@ main(int argc, char *argv[])
 	signal(SIGPIPE, SIG_IGN);
 	if ((loop = ev_default_loop(EVFLAG_AUTO)) == NULL)
 		fatalx("cannot initialise the event loop");
-	broker_claim_port(loop, &cf);
+	/* One gateway per --host:--port (shared/portlock.h): under a
+	 * supervisor the broker holds the claim; under the launcher the
+	 * launcher does and the broker finds its own run dir there. */
+	portlock_claim(loop, cf.cf_host, cf.cf_port, cf.cf_run_dir);
 	logsetup_apply(loop, &cf);
 	if ((br = server_new(loop, &cf, true)) == NULL)
 		fatalx("startup failed");

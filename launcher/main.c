@@ -281,24 +281,8 @@ static void
 launcher_claim_port(struct launcher *l)
 {
 	const struct config *cf = l->l_cf;
-	struct portlock_owner o;
 
-	switch (portlock_take(l->l_loop, cf->cf_host, cf->cf_port,
-	    cf->cf_run_dir, &o)) {
-	case PORTLOCK_TAKEN:
-	case PORTLOCK_SAME:
-	case PORTLOCK_FREE:
-		return;
-	case PORTLOCK_OTHER:
-		log_error(
-		    "%s: %s:%ld is already served by the smg-c gateway of "
-		    "pid %ld (run dir %s); not starting",
-		    __func__, cf->cf_host, cf->cf_port, o.po_pid, o.po_run_dir);
-		exit(2);
-	case PORTLOCK_ERROR:
-		break;
-	}
-	fatal("%s: cannot claim %s:%ld", __func__, cf->cf_host, cf->cf_port);
+	portlock_claim(l->l_loop, cf->cf_host, cf->cf_port, cf->cf_run_dir);
 }
 
 /*

@@ -1,6 +1,7 @@
 /* portlock.c: the host:port claim, an abstract unix socket (portlock.h). */
 #define _GNU_SOURCE /* accept4 */
 #include "shared/portlock.h"
+#include "shared/log.h"
 
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -203,4 +204,27 @@ portlock_release(struct ev_loop *loop)
 	ev_io_stop(loop, &portlock_io);
 	close(portlock_fd);
 	portlock_fd = -1;
+}
+
+void
+portlock_claim(struct ev_loop *loop, const char *host, long port,
+    const char *run_dir)
+{
+	struct portlock_owner o;
+
+	switch (portlock_take(loop, host, port, run_dir, &o)) {
+	case PORTLOCK_TAKEN:
+	case PORTLOCK_SAME:
+	case PORTLOCK_FREE:
+		return;
+	case PORTLOCK_OTHER:
+		log_error(
+		    "%s: %s:%ld is already served by the smg-c gateway of "
+		    "pid %ld (run dir %s); not starting",
+		    __func__, host, port, o.po_pid, o.po_run_dir);
+		exit(2);
+	case PORTLOCK_ERROR:
+		break;
+	}
+	fatal("%s: cannot claim %s:%ld", __func__, host, port);
 }

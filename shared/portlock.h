@@ -52,5 +52,13 @@ enum portlock_state portlock_query(const char *host, long port,
 
 /* Gives up this process's claim, if it holds one. */
 void portlock_release(struct ev_loop *loop);
+/*
+ * portlock_take for a process that must hold the port to start: returns
+ * when this gateway (run_dir) holds it; a port held by another gateway
+ * ends the process with exit 2 and one line naming the holder; an error
+ * is fatal. Startup only.
+ */
+void portlock_claim(struct ev_loop *loop, const char *host, long port,
+    const char *run_dir);
 
 #endif /* SHARED_PORTLOCK_H */
