@@ -720,8 +720,15 @@ registry_set_status(struct broker *br, struct worker *w,
 {
 	if (w->wk_status == st)
 		return;
-	log_info("%s: worker %s %s -> %s", __func__, w->wk_url,
-	    registry_status_name(w->wk_status), registry_status_name(st));
+	/* Losing a worker is what an operator must see at the default level. */
+	if (st == SHM_WORKER_NOT_READY || st == SHM_WORKER_FAILED)
+		log_warnx("%s: worker %s %s -> %s", __func__, w->wk_url,
+		    registry_status_name(w->wk_status),
+		    registry_status_name(st));
+	else
+		log_info("%s: worker %s %s -> %s", __func__, w->wk_url,
+		    registry_status_name(w->wk_status),
+		    registry_status_name(st));
 	w->wk_status = st;
 	stats_set(br, w->wk_m_health, st == SHM_WORKER_READY);
 	registry_publish(br, w);

@@ -156,6 +156,43 @@ endpoint_first_ready(struct conn *c, const struct http_request *hr,
 	proxy_fixed(c, hr, &w, slot, id);
 }
 
+/*
+ * Liveness of the gateway's processes, read at scrape time (a dead process
+ * cannot report its own death): smg_process_up{role} is 1 while the
+ * broker and the poller hold their shm rows with a fresh heartbeat, and
+ * smg_frontends_up counts the live frontend rows. A frontend of a remote
+ * group reports the broker it talks to over the network, and no poller
+ * (the brain's host runs it).
+ */
+static void
+metrics_processes(struct http_out *o)
+{
+	char line[256];
+	unsigned i, frontends = 0;
+	bool remote = fe->fe_cf->cf_broker != NULL;
+	int n;
+
+	for (i = 0; i < SHM_MAX_FRONTENDS; i++)
+		frontends += shm_row_alive(fe->fe_shm, (int)i);
+	n = snprintf(line, sizeof(line),
+	    "# HELP smg_process_up Whether the gateway process of this role "
+	    "is alive\n# TYPE smg_process_up gauge\n"
+	    "smg_process_up{role=\"broker\"} %d\n",
+	    hostsync_broker_alive());
+	http_out_append(o, line, (size_t)n);
+	if (!remote) {
+		n = snprintf(line, sizeof(line),
+		    "smg_process_up{role=\"poller\"} %d\n",
+		    shm_row_alive(fe->fe_shm, SHM_ROW_POLLER));
+		http_out_append(o, line, (size_t)n);
+	}
+	n = snprintf(line, sizeof(line),
+	    "# HELP smg_frontends_up Live frontend processes of this host\n"
+	    "# TYPE smg_frontends_up gauge\nsmg_frontends_up %u\n",
+	    frontends);
+	http_out_append(o, line, (size_t)n);
+}
+
 void
 endpoint_metrics(struct conn *c)
 {
@@ -193,6 +230,7 @@ endpoint_metrics(struct conn *c)
 		}
 	}
 	free(text);
+	metrics_processes(&o);
 	if (o.ho_failed) {
 		http_out_free(&o);
 		conn_error(c, 503, "out_of_memory", "Out of memory", NULL, 0);

@@ -145,3 +145,38 @@ def test_unhealthy_worker_leaves_and_returns(tmp_path):
     finally:
         w1.stop()
         w2.stop()
+
+
+def test_dead_worker_detected_within_threshold_and_warned(tmp_path):
+    """A worker process that dies is NotReady within
+    --health-check-interval-secs x --health-failure-threshold (plus one
+    probe timeout), and the broker says so at warn level."""
+    interval, threshold = 1, 3
+    w1 = sim.start_simworker(tmp_path)
+    w2 = sim.start_simworker(tmp_path)
+    try:
+        with gw.start_gateway(tmp_path, "--policy", "round_robin",
+                              "--worker-urls", w1.url, w2.url,
+                              "--health-check-interval-secs", str(interval),
+                              "--health-check-timeout-secs", "1",
+                              "--health-failure-threshold", str(threshold),
+                              "--disable-circuit-breaker") as g:
+            g.wait_ready(2)
+            w1.stop()
+            t0 = time.monotonic()
+            util.wait_for(
+                lambda: workers_by_url(g)[w1.url]["status"] == "NotReady",
+                timeout=interval * threshold + 5, what="w1 NotReady")
+            took = time.monotonic() - t0
+            # One probe timeout of slack on top of the threshold.
+            assert took <= interval * threshold + 1.5, took
+            warn = [ln for ln in g.log().splitlines()
+                    if w1.url in ln and "NotReady" in ln]
+            assert warn, g.log()[-3000:]
+            assert any("warn" in ln.lower() for ln in warn), warn
+            seen = send(g, 6)
+            assert seen[(200, w2.url)] == 6, seen
+            g.stop()
+    finally:
+        w1.stop()
+        w2.stop()

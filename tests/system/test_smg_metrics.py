@@ -75,3 +75,41 @@ def test_smg_families_and_promtool(tmp_path):
         g.stop()
         w.stop()
         bad.stop()
+
+
+def test_process_up_follows_the_broker_and_poller(tmp_path):
+    """smg_process_up{role} is 1 for a live broker and poller and drops to
+    0 while one of them is frozen (its heartbeat goes stale); the frontend
+    count matches --frontends."""
+    import os
+    import signal
+    w = sim.start_simworker(tmp_path, "--model", "sim-model",
+                            "--time-scale", 0)
+    g = gw.start_gateway(tmp_path, "--policy", "round_robin",
+                         "--worker-urls", w.url, frontends=2)
+    stopped = []
+
+    def up(role):
+        m = re.search(r'^smg_process_up\{role="%s"\} (\d)' % role,
+                      g.metrics(), re.M)
+        return int(m.group(1)) if m else None
+    try:
+        g.wait_ready(1)
+        text = g.metrics()
+        assert up("broker") == 1 and up("poller") == 1, text
+        assert re.search(r"^smg_frontends_up 2$", text, re.M), text
+        for role in ("poller", "broker"):
+            pid = g.pids()[role][0]
+            os.kill(pid, signal.SIGSTOP)
+            stopped.append(pid)
+            util.wait_for(lambda: up(role) == 0, timeout=10,
+                          what=f"{role} down")
+            os.kill(pid, signal.SIGCONT)
+            stopped.remove(pid)
+            util.wait_for(lambda: up(role) == 1, timeout=10,
+                          what=f"{role} up again")
+    finally:
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+        g.stop()
+        w.stop()
