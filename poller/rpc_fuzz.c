@@ -13,8 +13,8 @@
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -I. -Ibuild/proto \
  *       poller/rpc_fuzz.c ... (link build/poller/libsmg-poller_lib.a and
  *       its libraries, as the CMake target rpc_fuzz does)
- * Without libFuzzer, the CMake target rpc_fuzz (-DRPC_FUZZ_STANDALONE)
- * mutates built-in seed streams:
+ * Without libFuzzer, the CMake target rpc_fuzz (-DRPC_FUZZ_STANDALONE,
+ * tests/fuzz/driver.c) mutates built-in seed streams:
  *   ./build/poller/rpc_fuzz [iterations (default 100000)] [seed]
  */
 #include <stdint.h>
@@ -24,6 +24,9 @@
 
 #include "poller/poller.h"
 #include "shared/log.h"
+#ifdef RPC_FUZZ_STANDALONE
+#include "tests/fuzz/driver.h"
+#endif
 
 #define MAX_MSGS 64
 
@@ -137,17 +140,6 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t len)
 }
 
 #ifdef RPC_FUZZ_STANDALONE
-static uint64_t rng;
-
-static uint32_t
-next(void)
-{
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return (uint32_t)(rng >> 11);
-}
-
 /* Appends m framed to buf at *len. */
 static void
 frame(uint8_t *buf, size_t *len, const ProtobufCMessage *m)
@@ -215,57 +207,30 @@ seed(uint8_t *buf)
 	return len;
 }
 
+static size_t
+rpc_seed(uint8_t *buf, size_t cap, uint32_t pick)
+{
+	static uint8_t base[1024];
+	static size_t blen;
+
+	(void)pick;
+	if (blen == 0)
+		blen = seed(base);
+	memcpy(buf, base, blen < cap ? blen : cap);
+	return blen < cap ? blen : cap;
+}
+
 int
 main(int argc, char **argv)
 {
-	static uint8_t base[1024], buf[4096];
-	unsigned long iters = 100000, it;
-	size_t blen, len, pos, tl, k, nmut;
+	static const struct fuzz_target t = {
+		.ft_name = "rpc_fuzz",
+		.ft_iters = 100000,
+		.ft_delete_max = 7,
+		.ft_seed = rpc_seed,
+	};
 
 	log_init("rpc_fuzz", LOG_LEVEL_ERROR);
-	if (argc > 1)
-		iters = strtoul(argv[1], NULL, 10);
-	rng = argc > 2 ? strtoull(argv[2], NULL, 10) : 0x9e3779b97f4a7c15ULL;
-	if (rng == 0)
-		rng = 1;
-	blen = seed(base);
-	for (it = 0; it < iters; it++) {
-		buf[0] = (uint8_t)next();
-		memcpy(buf + 1, base, blen);
-		len = 1 + blen;
-		nmut = next() % 6;
-		for (k = 0; k < nmut; k++) {
-			pos = 1 + next() % len;
-			switch (next() % 4) {
-			case 0: /* flip a byte */
-				if (pos < len)
-					buf[pos] = (uint8_t)next();
-				break;
-			case 1: /* delete a run */
-				tl = next() % 8;
-				if (pos + tl <= len) {
-					memmove(buf + pos, buf + pos + tl,
-					    len - pos - tl);
-					len -= tl;
-				}
-				break;
-			case 2: /* duplicate a run */
-				tl = next() % 64;
-				if (pos + tl <= len &&
-				    len + tl <= sizeof(buf)) {
-					memmove(buf + pos + tl, buf + pos,
-					    len - pos);
-					len += tl;
-				}
-				break;
-			default: /* truncate */
-				len = pos;
-				break;
-			}
-		}
-		LLVMFuzzerTestOneInput(buf, len);
-	}
-	printf("rpc_fuzz: %lu inputs\n", iters);
-	return 0;
+	return fuzz_driver_main(argc, argv, &t);
 }
 #endif /* RPC_FUZZ_STANDALONE */

@@ -12,10 +12,9 @@
  * libFuzzer (clang):
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -I. shared/http_fuzz.c \
  *       shared/http.c -lhttp_parser -lcjson -o http_fuzz && ./http_fuzz
- * Without libFuzzer, a standalone driver mutates built-in seed requests:
- *   cc -g -fsanitize=address,undefined -DHTTP_FUZZ_STANDALONE -I. \
- *       shared/http_fuzz.c shared/http.c -lhttp_parser -lcjson -o http_fuzz
- *   ./http_fuzz [iterations (default 100000)] [seed]
+ * Without libFuzzer, the CMake target http_fuzz (-DHTTP_FUZZ_STANDALONE,
+ * tests/fuzz/driver.c) mutates built-in seed requests:
+ *   ./build/shared/http_fuzz [iterations (default 100000)] [seed]
  */
 #include <stdbool.h>
 #include <stddef.h>
@@ -25,6 +24,9 @@
 #include <string.h>
 
 #include "shared/http.h"
+#ifdef HTTP_FUZZ_STANDALONE
+#include "tests/fuzz/driver.h"
+#endif
 
 #define MAX_REQS 64
 
@@ -212,79 +214,44 @@ static const char *const tokens[] = { "\r\n", "\n", "\r", " ", "\t", ":",
 	"?", "#", "Connection: close\r\n", "Upgrade: x\r\n", "Host: h\r\n",
 	"XY", "\r\n0\r\n" };
 
-static uint64_t rng;
+#define NSEEDS  (sizeof(seeds) / sizeof(seeds[0]))
+#define NTOKENS (sizeof(tokens) / sizeof(tokens[0]))
 
-static uint32_t
-next(void)
+static size_t
+http_seed(uint8_t *buf, size_t cap, uint32_t pick)
 {
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return (uint32_t)(rng >> 11);
+	const char *t = seeds[pick % NSEEDS];
+	size_t len = strlen(t) < cap ? strlen(t) : cap;
+
+	memcpy(buf, t, len);
+	return len;
+}
+
+/* A token that matters to the reader: line ends, framing headers. */
+static size_t
+http_insert(uint8_t *buf, size_t len, size_t cap, size_t pos, uint32_t pick)
+{
+	const char *t = tokens[pick % NTOKENS];
+	size_t tl = t[0] ? strlen(t) : 1;
+
+	if (len + tl > cap)
+		return len;
+	memmove(buf + pos + tl, buf + pos, len - pos);
+	memcpy(buf + pos, t, tl);
+	return len + tl;
 }
 
 int
 main(int argc, char **argv)
 {
-	static uint8_t buf[8192];
-	unsigned long iters = 100000, it;
-	size_t len, pos, tl, k, nmut;
-	const char *t;
+	static const struct fuzz_target t = {
+		.ft_name = "http_fuzz",
+		.ft_iters = 100000,
+		.ft_delete_max = 7,
+		.ft_seed = http_seed,
+		.ft_insert = http_insert,
+	};
 
-	if (argc > 1)
-		iters = strtoul(argv[1], NULL, 10);
-	rng = argc > 2 ? strtoull(argv[2], NULL, 10) : 0x9e3779b97f4a7c15ULL;
-	if (rng == 0)
-		rng = 1;
-	for (it = 0; it < iters; it++) {
-		buf[0] = (uint8_t)next();
-		t = seeds[next() % (sizeof(seeds) / sizeof(seeds[0]))];
-		len = 1 + strlen(t);
-		memcpy(buf + 1, t, len - 1);
-		nmut = next() % 6;
-		for (k = 0; k < nmut; k++) {
-			pos = 1 + next() % len;
-			switch (next() % 5) {
-			case 0: /* flip a byte */
-				if (pos < len)
-					buf[pos] = (uint8_t)next();
-				break;
-			case 1: /* delete a run */
-				tl = next() % 8;
-				if (pos + tl <= len) {
-					memmove(buf + pos, buf + pos + tl,
-					    len - pos - tl);
-					len -= tl;
-				}
-				break;
-			case 2: /* insert a token */
-				t = tokens[next() %
-				    (sizeof(tokens) / sizeof(tokens[0]))];
-				tl = t[0] ? strlen(t) : 1;
-				if (len + tl <= sizeof(buf)) {
-					memmove(buf + pos + tl, buf + pos,
-					    len - pos);
-					memcpy(buf + pos, t, tl);
-					len += tl;
-				}
-				break;
-			case 3: /* duplicate a run */
-				tl = next() % 64;
-				if (pos + tl <= len &&
-				    len + tl <= sizeof(buf)) {
-					memmove(buf + pos + tl, buf + pos,
-					    len - pos);
-					len += tl;
-				}
-				break;
-			default: /* truncate */
-				len = pos;
-				break;
-			}
-		}
-		LLVMFuzzerTestOneInput(buf, len);
-	}
-	printf("http_fuzz: %lu inputs\n", iters);
-	return 0;
+	return fuzz_driver_main(argc, argv, &t);
 }
 #endif /* HTTP_FUZZ_STANDALONE */

@@ -15,11 +15,9 @@
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -I. shared/sp_fuzz.c \
  *       shared/sp.c shared/log.c shared/xmalloc.c -lev -o sp_fuzz &&
  *   ./sp_fuzz
- * Without libFuzzer, a standalone driver mutates built-in seed streams:
- *   cc -g -fsanitize=address,undefined -DSP_FUZZ_STANDALONE -I. \
- *       shared/sp_fuzz.c shared/sp.c shared/log.c shared/xmalloc.c -lev \
- *       -o sp_fuzz
- *   ./sp_fuzz [iterations (default 200000)] [seed]
+ * Without libFuzzer, the CMake target sp_fuzz (-DSP_FUZZ_STANDALONE,
+ * tests/fuzz/driver.c) mutates built-in seed streams:
+ *   ./build/shared/sp_fuzz [iterations (default 200000)] [seed]
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -27,6 +25,9 @@
 #include <string.h>
 
 #include "shared/sp.h"
+#ifdef SP_FUZZ_STANDALONE
+#include "tests/fuzz/driver.h"
+#endif
 
 #define FUZZ_MAX    4096 /* frame payload limit under test */
 #define FUZZ_FRAMES 256
@@ -163,17 +164,6 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 }
 
 #ifdef SP_FUZZ_STANDALONE
-static uint64_t rng;
-
-static uint32_t
-next(void)
-{
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return (uint32_t)(rng >> 11);
-}
-
 /* Appends a frame of payload p (len bytes) to buf at *n. */
 static void
 put_frame(uint8_t *buf, size_t cap, size_t *n, const void *p, size_t len)
@@ -185,77 +175,52 @@ put_frame(uint8_t *buf, size_t cap, size_t *n, const void *p, size_t len)
 	*n += SP_FRAME_HEAD + len;
 }
 
-int
-main(int argc, char **argv)
+/* A header and a few frames, as a libnng REQ sends them. */
+static size_t
+sp_seed(uint8_t *buf, size_t cap, uint32_t pick)
 {
-	static uint8_t buf[16384], seed[16384];
 	static const uint8_t one[] = { 0x80, 0, 0, 1, 'h', 'i' };
 	static const uint8_t two[] = { 0, 0, 0, 3, 0x80, 0, 0, 2, 'x' };
 	static const uint8_t deep[] = { 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 3, 0,
 		0, 0, 4, 0, 0, 0, 5, 0, 0, 0, 6, 0, 0, 0, 7, 0, 0, 0, 8, 0x80,
 		0, 0, 9 };
-	unsigned long iters = 200000, it;
-	size_t slen = 1, len, pos, tl, k, nmut;
+	size_t n = 0;
 
-	if (argc > 1)
-		iters = strtoul(argv[1], NULL, 10);
-	rng = argc > 2 ? strtoull(argv[2], NULL, 10) : 0x9e3779b97f4a7c15ULL;
-	if (rng == 0)
-		rng = 1;
-	/* Seed: a header and a few frames, as a libnng REQ sends them. */
-	sp_header_make(seed + slen, SP_PROTO_REQ0);
-	slen += SP_HEADER_LEN;
-	put_frame(seed, sizeof(seed), &slen, one, sizeof(one));
-	put_frame(seed, sizeof(seed), &slen, two, sizeof(two));
-	put_frame(seed, sizeof(seed), &slen, deep, sizeof(deep));
-	put_frame(seed, sizeof(seed), &slen, "", 0);
-	put_frame(seed, sizeof(seed), &slen, one, 3);
-	for (it = 0; it < iters; it++) {
-		memcpy(buf, seed, slen);
-		len = slen;
-		buf[0] = (uint8_t)next();
-		nmut = next() % 6;
-		for (k = 0; k < nmut; k++) {
-			pos = 1 + next() % len;
-			switch (next() % 5) {
-			case 0: /* flip a byte */
-				if (pos < len)
-					buf[pos] = (uint8_t)next();
-				break;
-			case 1: /* delete a run */
-				tl = next() % 12;
-				if (pos + tl <= len) {
-					memmove(buf + pos, buf + pos + tl,
-					    len - pos - tl);
-					len -= tl;
-				}
-				break;
-			case 2: /* a frame head with a random length */
-				if (len + SP_FRAME_HEAD <= sizeof(buf)) {
-					memmove(buf + pos + SP_FRAME_HEAD,
-					    buf + pos, len - pos);
-					sp_frame_head(buf + pos,
-					    next() % (2 * FUZZ_MAX));
-					len += SP_FRAME_HEAD;
-				}
-				break;
-			case 3: /* duplicate a run */
-				tl = next() % 64;
-				if (pos + tl <= len &&
-				    len + tl <= sizeof(buf)) {
-					memmove(buf + pos + tl, buf + pos,
-					    len - pos);
-					len += tl;
-				}
-				break;
-			default: /* truncate */
-				len = pos;
-				break;
-			}
-		}
-		LLVMFuzzerTestOneInput(buf, len);
-	}
-	printf("sp_fuzz: %lu inputs\n", iters);
-	return 0;
+	(void)pick;
+	if (cap < SP_HEADER_LEN)
+		return 0;
+	sp_header_make(buf, SP_PROTO_REQ0);
+	n = SP_HEADER_LEN;
+	put_frame(buf, cap, &n, one, sizeof(one));
+	put_frame(buf, cap, &n, two, sizeof(two));
+	put_frame(buf, cap, &n, deep, sizeof(deep));
+	put_frame(buf, cap, &n, "", 0);
+	put_frame(buf, cap, &n, one, 3);
+	return n;
+}
+
+/* A frame head announcing a random length, up to twice the limit. */
+static size_t
+sp_insert(uint8_t *buf, size_t len, size_t cap, size_t pos, uint32_t pick)
+{
+	if (len + SP_FRAME_HEAD > cap)
+		return len;
+	memmove(buf + pos + SP_FRAME_HEAD, buf + pos, len - pos);
+	sp_frame_head(buf + pos, pick % (2 * FUZZ_MAX));
+	return len + SP_FRAME_HEAD;
+}
+
+int
+main(int argc, char **argv)
+{
+	static const struct fuzz_target t = {
+		.ft_name = "sp_fuzz",
+		.ft_iters = 200000,
+		.ft_delete_max = 11,
+		.ft_seed = sp_seed,
+		.ft_insert = sp_insert,
+	};
+
+	return fuzz_driver_main(argc, argv, &t);
 }
 #endif /* SP_FUZZ_STANDALONE */
