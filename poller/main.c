@@ -23,6 +23,7 @@
 #include "shared/logsetup.h"
 #include "shared/sighup.h"
 #include "shared/tls.h"
+#include "shared/url.h"
 #include "shared/xmalloc.h"
 
 #define POLLER_SCAN_SECS 0.2
@@ -33,6 +34,8 @@ static void poller_scan_slot(struct poller *, unsigned, uint64_t);
 static struct tls_ctx *poller_grpc_tls_new(const struct config *);
 static void poller_stop_slot(struct pworker *);
 static void poller_group_intervals(struct poller *);
+static bool poller_live(const struct pworker *);
+static bool poller_same_engine(const struct pworker *, const struct pworker *);
 
 int
 main(int argc, char *argv[])
@@ -224,6 +227,55 @@ poller_group_intervals(struct poller *p)
 	}
 }
 
+static bool
+poller_live(const struct pworker *pw)
+{
+	return pw->pw_in_use && (pw->pw_status == SHM_WORKER_READY ||
+	                            pw->pw_status == SHM_WORKER_NOT_READY);
+}
+
+static bool
+poller_same_engine(const struct pworker *a, const struct pworker *b)
+{
+	return a->pw_rank >= 0 && b->pw_rank >= 0 &&
+	    strcmp(a->pw_base, b->pw_base) == 0;
+}
+
+bool
+poller_leads(const struct pworker *pw)
+{
+	const struct poller *p = pw->pw_poller;
+	unsigned i;
+
+	if (pw->pw_rank < 0)
+		return true;
+	for (i = 0; i < pw->pw_slot; i++) {
+		if (poller_live(&p->p_workers[i]) &&
+		    poller_same_engine(&p->p_workers[i], pw))
+			return false;
+	}
+	return true;
+}
+
+unsigned
+poller_ranks(struct pworker *pw, struct pworker **out)
+{
+	struct poller *p = pw->pw_poller;
+	unsigned i, n = 0;
+
+	if (pw->pw_rank < 0) {
+		out[n++] = pw;
+		return n;
+	}
+	for (i = 0; i < SHM_MAX_WORKERS; i++) {
+		struct pworker *o = &p->p_workers[i];
+
+		if (o == pw || (poller_live(o) && poller_same_engine(o, pw)))
+			out[n++] = o;
+	}
+	return n;
+}
+
 /* Syncs the poller's view of one slot, then runs its schedules. */
 static void
 poller_scan_slot(struct poller *p, unsigned slot, uint64_t now)
@@ -253,6 +305,10 @@ poller_scan_slot(struct poller *p, unsigned slot, uint64_t now)
 		pw->pw_in_use = true;
 		pw->pw_generation = w.sw_generation;
 		memcpy(pw->pw_url, w.sw_url, sizeof(pw->pw_url));
+		pw->pw_rank = url_rank(pw->pw_url);
+		if (url_rank_base(pw->pw_url, pw->pw_base,
+		        sizeof(pw->pw_base)) == -1)
+			memcpy(pw->pw_base, pw->pw_url, sizeof(pw->pw_base));
 	}
 	pw->pw_status = w.sw_status;
 	memcpy(pw->pw_api_key, w.sw_api_key, sizeof(pw->pw_api_key));
