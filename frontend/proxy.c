@@ -378,7 +378,7 @@ proxy_resolved_model(struct req *rq, const struct decision *d)
  * data-parallel rank (all ranks share their engine's address).
  */
 static const char *
-proxy_send_url(const struct decision *d, char base[SHM_URL_MAX])
+proxy_send_url(const struct decision *d, char *base)
 {
 	return url_rank_base(d->dc_url, base, SHM_URL_MAX) == 0 ? base
 	                                                        : d->dc_url;

@@ -34,8 +34,7 @@ static void poller_scan_slot(struct poller *, unsigned, uint64_t);
 static struct tls_ctx *poller_grpc_tls_new(const struct config *);
 static void poller_stop_slot(struct pworker *);
 static void poller_group_intervals(struct poller *);
-static bool poller_live(const struct pworker *);
-static bool poller_same_engine(const struct pworker *, const struct pworker *);
+
 
 int
 main(int argc, char *argv[])
@@ -225,55 +224,6 @@ poller_group_intervals(struct poller *p)
 				pw->pw_load_interval_ms = ms;
 		}
 	}
-}
-
-static bool
-poller_live(const struct pworker *pw)
-{
-	return pw->pw_in_use && (pw->pw_status == SHM_WORKER_READY ||
-	                            pw->pw_status == SHM_WORKER_NOT_READY);
-}
-
-static bool
-poller_same_engine(const struct pworker *a, const struct pworker *b)
-{
-	return a->pw_rank >= 0 && b->pw_rank >= 0 &&
-	    strcmp(a->pw_base, b->pw_base) == 0;
-}
-
-bool
-poller_leads(const struct pworker *pw)
-{
-	const struct poller *p = pw->pw_poller;
-	unsigned i;
-
-	if (pw->pw_rank < 0)
-		return true;
-	for (i = 0; i < pw->pw_slot; i++) {
-		if (poller_live(&p->p_workers[i]) &&
-		    poller_same_engine(&p->p_workers[i], pw))
-			return false;
-	}
-	return true;
-}
-
-unsigned
-poller_ranks(struct pworker *pw, struct pworker **out)
-{
-	struct poller *p = pw->pw_poller;
-	unsigned i, n = 0;
-
-	if (pw->pw_rank < 0) {
-		out[n++] = pw;
-		return n;
-	}
-	for (i = 0; i < SHM_MAX_WORKERS; i++) {
-		struct pworker *o = &p->p_workers[i];
-
-		if (o == pw || (poller_live(o) && poller_same_engine(o, pw)))
-			out[n++] = o;
-	}
-	return n;
 }
 
 /* Syncs the poller's view of one slot, then runs its schedules. */
