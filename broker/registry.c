@@ -314,8 +314,8 @@ registry_expand(struct broker *br, struct worker *w, unsigned size)
 		    SHM_MAX_WORKERS - br->br_nworkers + 1);
 		return -1;
 	}
-	if ((size_t)snprintf(url, sizeof(url), "%s@%u", w->wk_url,
-	        size - 1) >= sizeof(url)) {
+	if ((size_t)snprintf(url, sizeof(url), "%s@%u", w->wk_url, size - 1) >=
+	    sizeof(url)) {
 		log_warnx("%s: %s: rank URLs too long: kept as one worker",
 		    __func__, w->wk_url);
 		return -1;
@@ -337,8 +337,8 @@ registry_expand(struct broker *br, struct worker *w, unsigned size)
 	ws.ws_ov_waiting = w->wk_ov_waiting;
 	ws.ws_ov_token_usage = w->wk_ov_token_usage;
 	ws.ws_load_interval_secs = w->wk_load_interval_secs;
-	log_info("%s: %s has %u data-parallel ranks: one worker each",
-	    __func__, w->wk_url, size);
+	log_info("%s: %s has %u data-parallel ranks: one worker each", __func__,
+	    w->wk_url, size);
 	/* Slots are counted above: only a rank URL already taken fails. */
 	for (i = 0; i < size; i++) {
 		snprintf(url, sizeof(url), "%s@%u", w->wk_url, i);

@@ -338,7 +338,8 @@ proxy_resolved_model(struct req *rq, const struct decision *d)
 		return 0;
 	m = cJSON_GetObjectItemCaseSensitive(in->ei_json, "model");
 	if (alias &&
-	    !(cJSON_IsString(m) && strcmp(m->valuestring, d->dc_resolved) == 0)) {
+	    !(cJSON_IsString(m) &&
+	        strcmp(m->valuestring, d->dc_resolved) == 0)) {
 		if ((m = cJSON_CreateString(d->dc_resolved)) == NULL)
 			return -1;
 		if (!cJSON_ReplaceItemInObjectCaseSensitive(in->ei_json,
@@ -351,9 +352,8 @@ proxy_resolved_model(struct req *rq, const struct decision *d)
 	own = rank >= 0 ? cJSON_DetachItemFromObjectCaseSensitive(in->ei_json,
 	                      "data_parallel_rank")
 	                : NULL;
-	rv = rank >= 0
-	    ? pd_rank_field(in->ei_json, "data_parallel_rank", rank)
-	    : 0;
+	rv = rank >= 0 ? pd_rank_field(in->ei_json, "data_parallel_rank", rank)
+	               : 0;
 	s = rv == 0 ? cJSON_PrintUnformatted(in->ei_json) : NULL;
 	if (rank >= 0) {
 		cJSON_DeleteItemFromObjectCaseSensitive(in->ei_json,
@@ -405,8 +405,8 @@ proxy_routed(void *arg)
 	if (rq->rq_stream_body) {
 		n = proxy_headers(rq, d, true, auth, sizeof(auth), hdrs);
 		up = upstream_request_stream(fe->fe_up, proxy_send_url(d, base),
-		    "POST",
-		    rq->rq_path, hdrs, n, rq->rq_body_total, &proxy_cbs, rq);
+		    "POST", rq->rq_path, hdrs, n, rq->rq_body_total, &proxy_cbs,
+		    rq);
 		if (up != NULL && rq->rq_early_len > 0) {
 			left = upstream_body_write(up, rq->rq_early,
 			    rq->rq_early_len);

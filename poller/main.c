@@ -35,7 +35,6 @@ static struct tls_ctx *poller_grpc_tls_new(const struct config *);
 static void poller_stop_slot(struct pworker *);
 static void poller_group_intervals(struct poller *);
 
-
 int
 main(int argc, char *argv[])
 {

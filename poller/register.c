@@ -106,8 +106,7 @@ register_parse_models(const char *body, size_t len, struct register_models *out)
 uint32_t
 register_parse_dp_size(const char *body, size_t len)
 {
-	static const char *const names[] = { "dp_size",
-		"data_parallel_size" };
+	static const char *const names[] = { "dp_size", "data_parallel_size" };
 	cJSON *root, *v;
 	uint32_t n = 0;
 	size_t i;

@@ -39,8 +39,9 @@ report_send(struct poller *p, Smg__PollerMsg *m)
 static bool
 poller_live(const struct pworker *pw)
 {
-	return pw->pw_in_use && (pw->pw_status == SHM_WORKER_READY ||
-	                            pw->pw_status == SHM_WORKER_NOT_READY);
+	return pw->pw_in_use &&
+	    (pw->pw_status == SHM_WORKER_READY ||
+	        pw->pw_status == SHM_WORKER_NOT_READY);
 }
 
 static bool

@@ -795,10 +795,8 @@ test_worker_url_check(void **state)
 	assert_int_equal(config_check_worker_url("http://a:8@x", err, 256), -1);
 	assert_int_equal(
 	    config_check_worker_url("http://a:8@99999999999", err, 256), -1);
-	assert_int_equal(config_check_worker_url("http://a@b:8", err, 256),
-	    -1);
-	assert_int_equal(config_check_worker_url("http://a:x@1", err, 256),
-	    -1);
+	assert_int_equal(config_check_worker_url("http://a@b:8", err, 256), -1);
+	assert_int_equal(config_check_worker_url("http://a:x@1", err, 256), -1);
 	assert_int_equal(config_check_worker_url("http://a?q@1", err, 256), 0);
 	assert_int_equal(url_rank("http://a?q@1"), -1);
 	assert_int_equal(config_check_header_name("X-Smg-Routing-Key"), 0);

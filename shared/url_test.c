@@ -133,8 +133,7 @@ test_rank_suffix(void **state)
 	assert_int_equal(url_rank("http://h:8000@07"), -1);
 	assert_int_equal(url_rank("http://h:8000@2147483648"), -1);
 	assert_int_equal(url_rank("http://h:8000@99999999999"), -1);
-	assert_int_equal(url_rank("http://h:8000@99999999999999999999999"),
-	    -1);
+	assert_int_equal(url_rank("http://h:8000@99999999999999999999999"), -1);
 	assert_int_equal(url_rank("http://h/p@2"), -1);
 	assert_int_equal(url_rank("h@2"), -1);
 	assert_int_equal(url_rank("@"), -1);
