@@ -55,6 +55,9 @@ struct api {
 	uint64_t a_dp_by_rank[SIM_DP_MAX];
 	uint64_t a_dp_without;
 	long a_dp_last;
+	/* gateway probes: GET /health, GET /v1/loads */
+	uint64_t a_probe_health;
+	uint64_t a_probe_loads;
 };
 
 /* One inference request between arrival and its response's end. */
@@ -448,6 +451,7 @@ api_request(void *arg, struct srv_conn *conn, const struct srv_request *req)
 		return;
 	}
 	if (strcmp(path, "/health") == 0 && get) {
+		a->a_probe_health++;
 		api_extra(a, req, extra, sizeof(extra));
 		srv_respond(conn, a->a_healthy ? 200 : 503, "text/plain", extra,
 		    "", 0);
@@ -473,6 +477,7 @@ api_request(void *arg, struct srv_conn *conn, const struct srv_request *req)
 		api_reply_json(a, conn, req, 200,
 		    cJSON_Parse("{\"version\":\"" API_VERSION "\"}"));
 	} else if (strcmp(path, "/v1/loads") == 0 && get) {
+		a->a_probe_loads++;
 		if (a->a_cfg.ac_no_loads)
 			api_error(a, conn, req, 404, "Not Found");
 		else
@@ -1448,5 +1453,8 @@ api_sim_stats(struct api *a, struct srv_conn *conn,
 		cJSON_AddItemToArray(by,
 		    cJSON_CreateNumber((double)a->a_dp_by_rank[r]));
 	cJSON_AddNumberToObject(dp, "without_rank", (double)a->a_dp_without);
+	dp = cJSON_AddObjectToObject(o, "probes");
+	cJSON_AddNumberToObject(dp, "health", (double)a->a_probe_health);
+	cJSON_AddNumberToObject(dp, "loads", (double)a->a_probe_loads);
 	api_reply_json(a, conn, req, 200, o);
 }
