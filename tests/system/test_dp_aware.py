@@ -63,7 +63,7 @@ def test_dp_aware_expands_ranks(tmp_path):
 
             # The engine's URL names all its ranks: removing it removes
             # both workers.
-            r = g.request("DELETE", "/workers/" +
+            r = g.request("DELETE", "/workers?url=" +
                           urllib.parse.quote(w.url, safe=""))
             assert r.status == 202, r
             assert len(r.json()["worker_ids"]) == 2, r.json()
