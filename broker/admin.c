@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "shared/log.h"
+#include "shared/url.h"
 #include "shared/urlallow.h"
 #include "shared/xmalloc.h"
 
@@ -503,7 +504,9 @@ admin_add(struct broker *br, const Smg__WorkerSpec *spec, Smg__AdminReply *r)
 	}
 	if ((w = registry_add(br, &ws, true, &why)) == NULL) {
 		if (strcmp(why, "exists") == 0) {
-			w = registry_find(br, url);
+			/* The URL itself, or its data-parallel ranks. */
+			if ((w = registry_find(br, url)) == NULL)
+				(void)registry_find_ranks(br, url, &w, 1);
 			snprintf(admin_errbuf, sizeof(admin_errbuf),
 			    "Worker already exists at URL '%s' with ID %s. Use "
 			    "PUT /workers/%s to replace or PATCH /workers/%s "
@@ -601,6 +604,19 @@ admin_worker_info(struct broker *br, struct worker *w)
 	    cJSON_CreateString(breaker_state_name(w->wk_cb.cb_state)));
 	admin_replace(o, "overloaded", cJSON_CreateBool(w->wk_overloaded));
 	admin_replace(o, "models", admin_models(w));
+	/* A data-parallel rank ("<url>@<rank>", gateway.md §12). */
+	if (url_rank(w->wk_url) >= 0) {
+		char base[SHM_URL_MAX];
+
+		admin_replace(o, "dp_rank",
+		    cJSON_CreateNumber(url_rank(w->wk_url)));
+		admin_replace(o, "dp_size",
+		    w->wk_dp_size > 0 ? cJSON_CreateNumber(w->wk_dp_size)
+		                      : cJSON_CreateNull());
+		if (url_rank_base(w->wk_url, base, sizeof(base)) == 0)
+			admin_replace(o, "dp_base_url",
+			    cJSON_CreateString(base));
+	}
 	if (!cJSON_IsNumber(
 	        cJSON_GetObjectItemCaseSensitive(o, "max_connection_attempts")))
 		admin_replace(o, "max_connection_attempts",
@@ -675,23 +691,39 @@ admin_get(struct broker *br, const char *id, Smg__AdminReply *r)
 	admin_set(r, 200, admin_worker_info(br, w));
 }
 
+/*
+ * DELETE /workers/{id}: one worker by id or URL; the URL of an engine
+ * expanded into data-parallel ranks removes every "<url>@<rank>" worker.
+ */
 static void
 admin_remove(struct broker *br, const char *id, Smg__AdminReply *r)
 {
-	struct worker *w;
-	cJSON *o;
+	struct worker *w, *ranks[SHM_MAX_WORKERS];
+	unsigned n, i;
+	cJSON *o, *ids;
 
-	if ((w = registry_find(br, id)) == NULL) {
+	if ((w = registry_find(br, id)) != NULL) {
+		ranks[0] = w;
+		n = 1;
+	} else if ((n = registry_find_ranks(br, id, ranks, SHM_MAX_WORKERS)) ==
+	    0) {
 		admin_not_found(r, id);
 		return;
 	}
 	o = cJSON_CreateObject();
 	cJSON_AddStringToObject(o, "status", "accepted");
-	cJSON_AddStringToObject(o, "worker_id", w->wk_id);
+	cJSON_AddStringToObject(o, "worker_id", ranks[0]->wk_id);
+	if (n > 1 || ranks[0] != w) {
+		ids = cJSON_AddArrayToObject(o, "worker_ids");
+		for (i = 0; i < n; i++)
+			cJSON_AddItemToArray(ids,
+			    cJSON_CreateString(ranks[i]->wk_id));
+	}
 	cJSON_AddStringToObject(o, "message",
 	    "Worker removal queued for background processing");
 	admin_set(r, 202, o);
-	registry_drain(br, w);
+	for (i = 0; i < n; i++)
+		registry_drain(br, ranks[i]);
 }
 
 /* The worker's current fields as a spec (PATCH starts from them). */

@@ -148,6 +148,7 @@ struct worker {
 	int64_t wk_ov_waiting; /* effective thresholds, 0 unset */
 	double wk_ov_token_usage;
 	uint32_t wk_load_interval_secs; /* spec's load poll period, 0 unset */
+	uint32_t wk_dp_size; /* ranks of its engine (--dp-aware), 0 unknown */
 	struct worker_load wk_load;
 	unsigned wk_slot;
 	uint32_t wk_generation;
@@ -266,6 +267,22 @@ void registry_remove(struct broker *br, struct worker *w);
 /* Starts Draining for --drain-settle-secs, then registry_remove. */
 void registry_drain(struct broker *br, struct worker *w);
 struct worker *registry_find(struct broker *br, const char *id_or_url);
+/*
+ * The workers of the data-parallel ranks of base ("<base>@<rank>"), in
+ * registration order, into out[0..max). Returns how many there are (at
+ * most max are stored); 0 when base itself names a rank.
+ */
+unsigned registry_find_ranks(struct broker *br, const char *base,
+    struct worker **out, unsigned max);
+/*
+ * --dp-aware (gateway.md §1): replaces w, whose engine reported size
+ * data-parallel ranks, by one worker per rank, "<url>@0" .. "<url>@<size-1>",
+ * each with w's fields, its own slot, id and counters, persisted when w
+ * was, and Ready (the discovery that found the ranks stands for theirs);
+ * then removes w. Returns 0, or -1 (logged; w kept as it is) when a rank
+ * URL does not fit or the table has no room for every rank.
+ */
+int registry_expand(struct broker *br, struct worker *w, unsigned size);
 struct worker *registry_by_slot(struct broker *br, unsigned slot,
     uint32_t generation);
 /*

@@ -15,6 +15,7 @@
 
 #include "shared/config.h"
 #include "shared/log.h"
+#include "shared/url.h"
 #include "shared/metrics.h"
 #include "shared/uuid.h"
 #include "shared/xmalloc.h"
@@ -273,6 +274,86 @@ registry_find(struct broker *br, const char *id_or_url)
 	return registry_find_url(br, url);
 }
 
+unsigned
+registry_find_ranks(struct broker *br, const char *base, struct worker **out,
+    unsigned max)
+{
+	size_t n = strlen(base);
+	unsigned i, found = 0;
+
+	while (n > 0 && base[n - 1] == '/')
+		n--;
+	if (n == 0 || url_rank(base) >= 0)
+		return 0;
+	for (i = 0; i < br->br_nworkers; i++) {
+		const char *u = br->br_order[i]->wk_url;
+
+		if (strncmp(u, base, n) == 0 && u[n] == '@' &&
+		    url_rank(u) >= 0 && strrchr(u, '@') == u + n) {
+			if (found < max)
+				out[found] = br->br_order[i];
+			found++;
+		}
+	}
+	return found;
+}
+
+int
+registry_expand(struct broker *br, struct worker *w, unsigned size)
+{
+	struct worker_spec ws;
+	struct worker *r;
+	char url[SHM_URL_MAX];
+	const char *why;
+	unsigned i;
+
+	if (size == 0 || size > SHM_MAX_WORKERS - br->br_nworkers + 1) {
+		log_warnx("%s: %s reports %u data-parallel ranks; the worker "
+		          "table has room for %u more: kept as one worker",
+		    __func__, w->wk_url, size,
+		    SHM_MAX_WORKERS - br->br_nworkers + 1);
+		return -1;
+	}
+	if ((size_t)snprintf(url, sizeof(url), "%s@%u", w->wk_url, size - 1) >=
+	    sizeof(url)) {
+		log_warnx("%s: %s: rank URLs too long: kept as one worker",
+		    __func__, w->wk_url);
+		return -1;
+	}
+	memset(&ws, 0, sizeof(ws));
+	ws.ws_url = url;
+	ws.ws_model = w->wk_model;
+	ws.ws_runtime = w->wk_runtime;
+	ws.ws_type = w->wk_type;
+	ws.ws_mode = w->wk_mode;
+	ws.ws_api_key = w->wk_api_key;
+	ws.ws_bootstrap_port = w->wk_bootstrap_port;
+	ws.ws_priority = w->wk_priority;
+	ws.ws_cost = w->wk_cost;
+	ws.ws_labels = w->wk_labels;
+	ws.ws_spec = w->wk_spec;
+	ws.ws_from_cli = w->wk_from_cli;
+	ws.ws_health_disabled = w->wk_health_disabled;
+	ws.ws_ov_waiting = w->wk_ov_waiting;
+	ws.ws_ov_token_usage = w->wk_ov_token_usage;
+	ws.ws_load_interval_secs = w->wk_load_interval_secs;
+	log_info("%s: %s has %u data-parallel ranks: one worker each", __func__,
+	    w->wk_url, size);
+	/* Slots are counted above: only a rank URL already taken fails. */
+	for (i = 0; i < size; i++) {
+		snprintf(url, sizeof(url), "%s@%u", w->wk_url, i);
+		if ((r = registry_add(br, &ws, w->wk_persist, &why)) == NULL) {
+			log_warnx("%s: %s: %s", __func__, url, why);
+			continue;
+		}
+		r->wk_dp_size = size;
+		if (r->wk_status == SHM_WORKER_PENDING)
+			registry_set_status(br, r, SHM_WORKER_READY);
+	}
+	registry_remove(br, w);
+	return 0;
+}
+
 struct worker *
 registry_by_slot(struct broker *br, unsigned slot, uint32_t generation)
 {
@@ -470,7 +551,9 @@ registry_add(struct broker *br, const struct worker_spec *ws, bool persist,
 	bool adopted;
 	int slot;
 
-	if (registry_find_url(br, ws->ws_url) != NULL) {
+	/* An engine is registered once: by its URL or by its ranks. */
+	if (registry_find_url(br, ws->ws_url) != NULL ||
+	    registry_find_ranks(br, ws->ws_url, NULL, 0) > 0) {
 		*why = "exists";
 		return NULL;
 	}

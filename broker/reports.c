@@ -11,6 +11,7 @@
 
 #include "shared/log.h"
 #include "shared/metrics.h"
+#include "shared/url.h"
 #include "shared/xmalloc.h"
 
 #include "broker.h"
@@ -78,6 +79,11 @@ reports_discovery(struct broker *br, const Smg__WorkerDiscovery *d)
 	if (strcmp(w->wk_model, BROKER_MODEL_UNKNOWN) == 0 &&
 	    d->model_id != NULL && *d->model_id != '\0')
 		registry_set_model(br, w, d->model_id);
+	/* --dp-aware: an engine of data-parallel ranks is one worker per
+	 * rank ("<url>@<rank>"); a URL naming its rank is that rank. */
+	if (br->br_cf->cf_dp_aware && d->dp_size > 0 &&
+	    url_rank(w->wk_url) < 0 && registry_expand(br, w, d->dp_size) == 0)
+		return;
 	if (w->wk_status == SHM_WORKER_PENDING)
 		registry_set_status(br, w, SHM_WORKER_READY);
 }

@@ -20,6 +20,7 @@
 #include "shared/grpc.h"
 #include "shared/loads.h"
 #include "shared/log.h"
+#include "shared/url.h"
 #include "shared/promerge.h"
 #include "shared/promload.h"
 #include "shared/tls.h"
@@ -166,7 +167,11 @@ fanout_start(struct conn *c, const struct http_request *hr,
 		p->fp_generation = ws[i].sw_generation;
 		p->fp_grpc =
 		    ws[i].sw_mode == SMG__CONNECTION_MODE__CONNECTION_MODE_GRPC;
-		snprintf(p->fp_url, sizeof(p->fp_url), "%s", ws[i].sw_url);
+		/* Sent to the engine: a rank's base URL. */
+		if (url_rank_base(ws[i].sw_url, p->fp_url, sizeof(p->fp_url)) ==
+		    -1)
+			snprintf(p->fp_url, sizeof(p->fp_url), "%s",
+			    ws[i].sw_url);
 		if (ws[i].sw_api_key[0] != '\0')
 			snprintf(p->fp_auth, sizeof(p->fp_auth), "Bearer %s",
 			    ws[i].sw_api_key);
@@ -182,40 +187,26 @@ fanout_start(struct conn *c, const struct http_request *hr,
 		fanout_finish(fo);
 }
 
-/* The base URL of a worker: a DP rank suffix "@N" removed. */
-static size_t
-fanout_base_len(const char *url)
-{
-	const char *at = strrchr(url, '@');
-	const char *p;
-
-	if (at == NULL || at[1] == '\0')
-		return strlen(url);
-	for (p = at + 1; *p != '\0'; p++)
-		if (!isdigit((unsigned char)*p))
-			return strlen(url);
-	return (size_t)(at - url);
-}
-
 /*
- * Whether w (not yet in seen[0..n)) gets a part: /engine_metrics scrapes
- * each base URL once (DP ranks share it), a profile with a url only that
- * worker.
+ * Whether w (not yet in seen[0..n)) gets a part: each engine once, so
+ * the data-parallel ranks of one ("<url>@<rank>" workers) share their base
+ * URL's part; a profile with a url only that worker.
  */
 static bool
 fanout_wanted(enum fanout_kind kind, const struct shm_worker *w,
     const char *target, const struct shm_worker *seen, unsigned n)
 {
-	size_t len = fanout_base_len(w->sw_url);
+	char base[SHM_URL_MAX], other[SHM_URL_MAX];
 	unsigned i;
 
+	(void)kind;
 	if (target[0] != '\0')
 		return strcmp(w->sw_url, target) == 0;
-	if (kind != FANOUT_ENGINE_METRICS)
+	if (url_rank_base(w->sw_url, base, sizeof(base)) == -1)
 		return true;
 	for (i = 0; i < n; i++)
-		if (fanout_base_len(seen[i].sw_url) == len &&
-		    strncmp(seen[i].sw_url, w->sw_url, len) == 0)
+		if (url_rank_base(seen[i].sw_url, other, sizeof(other)) == 0 &&
+		    strcmp(base, other) == 0)
 			return false;
 	return true;
 }

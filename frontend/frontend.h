@@ -851,10 +851,14 @@ uint64_t pd_room(void);
  */
 int pd_inject(cJSON *body, const char *host, long port, const uint64_t *rooms,
     unsigned n, bool batch, const char *prefix);
-/* The DP rank of a worker URL ending in "@<rank>" (digits), else -1. */
-int pd_dp_rank(const char *url);
-/* The URL without its "@<rank>" suffix into out; -1 when it does not fit. */
-int pd_base_url(const char *url, char *out, size_t len);
+/*
+ * Sets member name of body to the integer rank (replacing one the client
+ * sent): the one writer of DP rank fields, data_parallel_rank on the
+ * regular path (proxy.c) and routed_dp_rank / disagg_prefill_dp_rank on
+ * PD legs. Worker URLs name ranks as "<url>@<rank>" (url_rank). Returns
+ * 0, or -1 (body not an object, rank < 0, out of memory).
+ */
+int pd_rank_field(cJSON *body, const char *name, int rank);
 /*
  * return_logprob merging (gateway.md §11.5). pd_prefill_logprobs parses a
  * prefill body: a JSON object or array as is, or SSE: its first event

@@ -38,6 +38,7 @@
 
 #include "frontend/frontend.h"
 #include "shared/log.h"
+#include "shared/url.h"
 
 #define PD_PATH_MAX  2048
 #define PD_MSG_MAX   1024
@@ -306,43 +307,18 @@ pd_inject(cJSON *body, const char *host, long port, const uint64_t *rooms,
 }
 
 int
-pd_dp_rank(const char *url)
+pd_rank_field(cJSON *body, const char *name, int rank)
 {
-	const char *p, *at;
-	long v = 0;
-
-	if ((p = strstr(url, "://")) == NULL ||
-	    (at = strrchr(p + 3, '@')) == NULL || at[1] == '\0')
+	if (!cJSON_IsObject(body) || rank < 0)
 		return -1;
-	for (p = at + 1; *p != '\0'; p++) {
-		if (*p < '0' || *p > '9')
-			return -1;
-		v = v * 10 + (*p - '0');
-		if (v > INT32_MAX)
-			return -1;
-	}
-	return (int)v;
-}
-
-int
-pd_base_url(const char *url, char *out, size_t len)
-{
-	size_t n = strlen(url);
-
-	if (pd_dp_rank(url) >= 0)
-		n = (size_t)(strrchr(url, '@') - url);
-	if (n >= len)
-		return -1;
-	memcpy(out, url, n);
-	out[n] = '\0';
-	return 0;
+	return pd_set(body, name, cJSON_CreateNumber(rank));
 }
 
 /* The URL a leg is sent to: the worker URL without its DP suffix. */
 static const char *
 pd_send_url(const char *url, char *buf, size_t len)
 {
-	return pd_base_url(url, buf, len) == 0 ? buf : url;
+	return url_rank_base(url, buf, len) == 0 ? buf : url;
 }
 
 /* meta_info.input_token_logprobs of j when it is a list, else NULL. */
@@ -638,23 +614,21 @@ pd_rank_bodies(struct pd_req *rq)
 		lg->lg_body = NULL;
 		lg->lg_body_len = 0;
 	}
-	pr = pd_dp_rank(rq->pr_legs[PD_PREFILL].lg_x->xl_d.dc_url);
-	dr = pd_dp_rank(rq->pr_legs[PD_DECODE].lg_x->xl_d.dc_url);
+	pr = url_rank(rq->pr_legs[PD_PREFILL].lg_x->xl_d.dc_url);
+	dr = url_rank(rq->pr_legs[PD_DECODE].lg_x->xl_d.dc_url);
 	if (pr < 0 && dr < 0)
 		return 0;
 	if (pr >= 0) {
 		lg = &rq->pr_legs[PD_PREFILL];
-		if (pd_set(j, "routed_dp_rank", cJSON_CreateNumber(pr)) == -1 ||
+		if (pd_rank_field(j, "routed_dp_rank", pr) == -1 ||
 		    (lg->lg_body = cJSON_PrintUnformatted(j)) == NULL)
 			goto out;
 		lg->lg_body_len = strlen(lg->lg_body);
-		if (pd_set(j, "disagg_prefill_dp_rank",
-		        cJSON_CreateNumber(pr)) == -1)
+		if (pd_rank_field(j, "disagg_prefill_dp_rank", pr) == -1)
 			goto out;
 	}
 	cJSON_DeleteItemFromObjectCaseSensitive(j, "routed_dp_rank");
-	if (dr >= 0 &&
-	    pd_set(j, "routed_dp_rank", cJSON_CreateNumber(dr)) == -1)
+	if (dr >= 0 && pd_rank_field(j, "routed_dp_rank", dr) == -1)
 		goto out;
 	lg = &rq->pr_legs[PD_DECODE];
 	if ((lg->lg_body = cJSON_PrintUnformatted(j)) == NULL)

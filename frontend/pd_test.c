@@ -104,23 +104,29 @@ test_inject_batch(void **state)
 }
 
 static void
-test_dp_rank(void **state)
+test_rank_field(void **state)
 {
-	char b[64];
+	cJSON *j = cJSON_Parse("{\"text\":\"hi\",\"data_parallel_rank\":9}");
+	cJSON *a = cJSON_Parse("[1]");
+	char *s;
 
 	(void)state;
-	assert_int_equal(pd_dp_rank("http://h:8000@3"), 3);
-	assert_int_equal(pd_dp_rank("http://h@0"), 0);
-	assert_int_equal(pd_dp_rank("http://h:8000"), -1);
-	assert_int_equal(pd_dp_rank("http://h:8000@"), -1);
-	assert_int_equal(pd_dp_rank("http://h:8000@1x"), -1);
-	assert_int_equal(pd_dp_rank("http://h:8000@99999999999"), -1);
-	assert_int_equal(pd_dp_rank("h@2"), -1);
-	assert_int_equal(pd_base_url("http://h:8000@12", b, sizeof(b)), 0);
-	assert_string_equal(b, "http://h:8000");
-	assert_int_equal(pd_base_url("http://h:8000", b, sizeof(b)), 0);
-	assert_string_equal(b, "http://h:8000");
-	assert_int_equal(pd_base_url("http://h:8000@1", b, 8), -1);
+	assert_int_equal(pd_rank_field(j, "data_parallel_rank", 3), 0);
+	assert_int_equal(pd_rank_field(j, "routed_dp_rank", 0), 0);
+	s = cJSON_PrintUnformatted(j);
+	/* The client's own rank is replaced, never duplicated. */
+	assert_string_equal(s,
+	    "{\"text\":\"hi\",\"data_parallel_rank\":3,"
+	    "\"routed_dp_rank\":0}");
+	free(s);
+	assert_int_equal(pd_rank_field(j, "data_parallel_rank", -1), -1);
+	assert_int_equal(pd_rank_field(a, "data_parallel_rank", 1), -1);
+	assert_int_equal(pd_rank_field(NULL, "data_parallel_rank", 1), -1);
+	s = cJSON_PrintUnformatted(a);
+	assert_string_equal(s, "[1]");
+	free(s);
+	cJSON_Delete(a);
+	cJSON_Delete(j);
 }
 
 static char *
@@ -262,7 +268,7 @@ main(void)
 		cmocka_unit_test(test_rooms),
 		cmocka_unit_test(test_inject_single),
 		cmocka_unit_test(test_inject_batch),
-		cmocka_unit_test(test_dp_rank),
+		cmocka_unit_test(test_rank_field),
 		cmocka_unit_test(test_merge_json),
 		cmocka_unit_test(test_prefill_body),
 		cmocka_unit_test(test_sse_events),

@@ -15,6 +15,7 @@
 
 #include "frontend/frontend.h"
 #include "shared/log.h"
+#include "shared/url.h"
 
 #define PROXY_PATH_MAX 2048
 
@@ -24,7 +25,8 @@ struct req {
 	struct exchange *rq_ex;
 	struct extract_inputs rq_in;
 	char rq_id[EXTRACT_REQUEST_ID_MAX + 1];
-	char *rq_body_alloc; /* re-serialised body (alias resolved) */
+	char *rq_body_alloc; /* re-serialised body (alias, DP rank) */
+	bool rq_rank_sent; /* rq_body carries a data_parallel_rank we set */
 	const char *rq_body;
 	size_t rq_body_len;
 	char rq_path[PROXY_PATH_MAX];
@@ -60,6 +62,7 @@ static int proxy_resolve_alias(struct req *);
 static size_t proxy_headers(struct req *, const struct decision *, bool, char *,
     size_t, struct upstream_header *);
 static int proxy_resolved_model(struct req *, const struct decision *);
+static const char *proxy_send_url(const struct decision *, char *);
 static void proxy_start_stream(struct req *);
 static void proxy_body(void *, const char *, size_t, bool);
 static void proxy_body_stalled(void *);
@@ -306,41 +309,79 @@ proxy_headers(struct req *rq, const struct decision *d, bool body, char *auth,
 }
 
 /*
- * The broker routed a WorkerSpec alias (Decision.resolved_model): the
- * worker gets the body with "model" set to the id it knows, as for
- * --model-alias. 0, or -1 when out of memory.
+ * The attempt's body, as the worker must get it: the broker routed a
+ * WorkerSpec alias (Decision.resolved_model), so "model" becomes the id
+ * the worker knows, as for --model-alias; and a worker URL naming a
+ * data-parallel rank ("<url>@<rank>") gets "data_parallel_rank": <rank>,
+ * as SMG's prepare_request does. The rank leaves the parsed body after
+ * printing (a client's own value is put back), so a retry on a worker
+ * without rank sends the client's body. 0, or -1 when out of memory.
  */
 static int
 proxy_resolved_model(struct req *rq, const struct decision *d)
 {
 	struct extract_inputs *in = &rq->rq_in;
-	cJSON *m;
+	cJSON *m, *own;
 	char *s;
+	int rank = url_rank(d->dc_url), rv;
+	bool alias = d->dc_resolved[0] != '\0';
 
-	if (d->dc_resolved[0] == '\0' || rq->rq_stream_body)
+	if (rq->rq_stream_body || (!alias && rank < 0 && !rq->rq_rank_sent))
 		return 0;
 	/* A lean extraction kept no tree: the body is parsed now, for the
-	 * rare request naming a worker's alias. */
+	 * rare request naming a worker's alias or a rank. */
 	if (in->ei_json == NULL &&
 	    (in->ei_json = cJSON_ParseWithLength(rq->rq_body,
 	         rq->rq_body_len)) == NULL)
 		return 0;
-	m = cJSON_GetObjectItemCaseSensitive(in->ei_json, "model");
-	if (cJSON_IsString(m) && strcmp(m->valuestring, d->dc_resolved) == 0)
+	if (!cJSON_IsObject(in->ei_json))
 		return 0;
-	if ((m = cJSON_CreateString(d->dc_resolved)) == NULL)
-		return -1;
-	if (!cJSON_ReplaceItemInObjectCaseSensitive(in->ei_json, "model", m)) {
-		cJSON_Delete(m);
-		return -1;
+	m = cJSON_GetObjectItemCaseSensitive(in->ei_json, "model");
+	if (alias &&
+	    !(cJSON_IsString(m) &&
+	        strcmp(m->valuestring, d->dc_resolved) == 0)) {
+		if ((m = cJSON_CreateString(d->dc_resolved)) == NULL)
+			return -1;
+		if (!cJSON_ReplaceItemInObjectCaseSensitive(in->ei_json,
+		        "model", m)) {
+			cJSON_Delete(m);
+			return -1;
+		}
+	} else if (rank < 0 && !rq->rq_rank_sent)
+		return 0;
+	own = rank >= 0 ? cJSON_DetachItemFromObjectCaseSensitive(in->ei_json,
+	                      "data_parallel_rank")
+	                : NULL;
+	rv = rank >= 0 ? pd_rank_field(in->ei_json, "data_parallel_rank", rank)
+	               : 0;
+	s = rv == 0 ? cJSON_PrintUnformatted(in->ei_json) : NULL;
+	if (rank >= 0) {
+		cJSON_DeleteItemFromObjectCaseSensitive(in->ei_json,
+		    "data_parallel_rank");
+		if (own != NULL &&
+		    !cJSON_AddItemToObject(in->ei_json, "data_parallel_rank",
+		        own))
+			cJSON_Delete(own);
 	}
-	if ((s = cJSON_PrintUnformatted(in->ei_json)) == NULL)
+	if (s == NULL)
 		return -1;
+	rq->rq_rank_sent = rank >= 0;
 	free(rq->rq_body_alloc);
 	rq->rq_body_alloc = s;
 	rq->rq_body = s;
 	rq->rq_body_len = strlen(s);
 	return 0;
+}
+
+/*
+ * Where an attempt goes: the worker's URL, without the "@<rank>" of a
+ * data-parallel rank (all ranks share their engine's address).
+ */
+static const char *
+proxy_send_url(const struct decision *d, char *base)
+{
+	return url_rank_base(d->dc_url, base, SHM_URL_MAX) == 0 ? base
+	                                                        : d->dc_url;
 }
 
 /* Every leg has its worker: send the attempt. */
@@ -350,7 +391,7 @@ proxy_routed(void *arg)
 	struct req *rq = arg;
 	const struct decision *d = &rq->rq_ex->ex_legs[0].xl_d;
 	struct upstream_header hdrs[HDR_UPSTREAM_MAX];
-	char auth[SHM_KEY_MAX + 16];
+	char auth[SHM_KEY_MAX + 16], base[SHM_URL_MAX];
 	struct upstream_req *up;
 	ssize_t left = 0;
 	size_t n;
@@ -363,8 +404,9 @@ proxy_routed(void *arg)
 	}
 	if (rq->rq_stream_body) {
 		n = proxy_headers(rq, d, true, auth, sizeof(auth), hdrs);
-		up = upstream_request_stream(fe->fe_up, d->dc_url, "POST",
-		    rq->rq_path, hdrs, n, rq->rq_body_total, &proxy_cbs, rq);
+		up = upstream_request_stream(fe->fe_up, proxy_send_url(d, base),
+		    "POST", rq->rq_path, hdrs, n, rq->rq_body_total, &proxy_cbs,
+		    rq);
 		if (up != NULL && rq->rq_early_len > 0) {
 			left = upstream_body_write(up, rq->rq_early,
 			    rq->rq_early_len);
@@ -379,7 +421,7 @@ proxy_routed(void *arg)
 	} else {
 		n = proxy_headers(rq, d, post && rq->rq_body_len > 0, auth,
 		    sizeof(auth), hdrs);
-		up = upstream_request(fe->fe_up, d->dc_url,
+		up = upstream_request(fe->fe_up, proxy_send_url(d, base),
 		    rq->rq_ex->ex_fixed ? rq->rq_hr->hr_method_str : "POST",
 		    rq->rq_path, hdrs, n, rq->rq_body, rq->rq_body_len,
 		    &proxy_cbs, rq);

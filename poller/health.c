@@ -44,6 +44,13 @@ health_tick(struct pworker *pw, uint64_t now)
 			health_stop(pw);
 		return;
 	}
+	if (!poller_leads(pw)) {
+		/* Another rank of its engine probes for it. */
+		if (hs->hs_req != NULL || hs->hs_call != NULL ||
+		    hs->hs_detecting || hs->hs_next_ms != 0)
+			health_stop(pw);
+		return;
+	}
 	if (hs->hs_next_ms == 0) {
 		hs->hs_next_ms = now + interval;
 		return;
@@ -57,7 +64,7 @@ health_tick(struct pworker *pw, uint64_t now)
 		health_grpc_start(pw);
 		return;
 	}
-	hs->hs_req = fetch_get(p, pw->pw_url, cf->cf_health_check_endpoint,
+	hs->hs_req = fetch_get(p, pw->pw_base, cf->cf_health_check_endpoint,
 	    pw->pw_api_key, (double)cf->cf_health_check_timeout_secs,
 	    HEALTH_BODY_MAX, health_done_cb, pw);
 }
@@ -164,12 +171,15 @@ health_done_cb(void *arg, const struct upstream_result *res)
 	health_report(pw, passed, detail);
 }
 
-/* The one exit of a probe, whatever its transport. */
+/*
+ * The one exit of a probe, whatever its transport: the verdict of the
+ * engine is every one of its ranks'.
+ */
 static void
 health_report(struct pworker *pw, bool passed, const char *detail)
 {
-	Smg__PollerMsg m = SMG__POLLER_MSG__INIT;
-	Smg__HealthReport h = SMG__HEALTH_REPORT__INIT;
+	struct pworker *ranks[SHM_MAX_WORKERS];
+	unsigned i, n;
 
 	if (!passed)
 		log_info("%s: %s%s failed: %s", __func__, pw->pw_url,
@@ -179,12 +189,18 @@ health_report(struct pworker *pw, bool passed, const char *detail)
 		    detail);
 	else
 		log_debug("%s: %s passed", __func__, pw->pw_url);
-	h.worker_slot = pw->pw_slot;
-	h.worker_generation = pw->pw_generation;
-	h.worker_url = pw->pw_url;
-	h.passed = passed;
-	h.detail = (char *)detail;
-	m.body_case = SMG__POLLER_MSG__BODY_HEALTH;
-	m.health = &h;
-	(void)report_send(pw->pw_poller, &m);
+	n = poller_ranks(pw, ranks);
+	for (i = 0; i < n; i++) {
+		Smg__PollerMsg m = SMG__POLLER_MSG__INIT;
+		Smg__HealthReport h = SMG__HEALTH_REPORT__INIT;
+
+		h.worker_slot = ranks[i]->pw_slot;
+		h.worker_generation = ranks[i]->pw_generation;
+		h.worker_url = ranks[i]->pw_url;
+		h.passed = passed;
+		h.detail = (char *)detail;
+		m.body_case = SMG__POLLER_MSG__BODY_HEALTH;
+		m.health = &h;
+		(void)report_send(pw->pw_poller, &m);
+	}
 }

@@ -35,6 +35,7 @@
 #define KV_STREAM_BACKOFF_MAX_MS 30000
 
 static const msgpack_object *kv_map_get(const msgpack_object *, const char *);
+static void kv_dp_rank(const msgpack_object *, Smg__KvEventBatch *);
 static bool kv_str_is(const msgpack_object *, const char *);
 static int kv_hash(const msgpack_object *, int64_t *);
 static int kv_hashes(const msgpack_object *, int64_t **, size_t *);
@@ -273,6 +274,17 @@ kvevents_batch_clear(Smg__KvEventBatch *b)
 	b->n_events = 0;
 }
 
+/* A batch's data-parallel rank: a non-negative integer, else none. */
+static void
+kv_dp_rank(const msgpack_object *o, Smg__KvEventBatch *b)
+{
+	if (o != NULL && o->type == MSGPACK_OBJECT_POSITIVE_INTEGER &&
+	    o->via.u64 <= INT32_MAX) {
+		b->has_dp_rank = true;
+		b->dp_rank = (int32_t)o->via.u64;
+	}
+}
+
 int
 kvevents_decode(const void *buf, size_t len, Smg__KvEventBatch *b)
 {
@@ -291,10 +303,16 @@ kvevents_decode(const void *buf, size_t len, Smg__KvEventBatch *b)
 		goto out;
 	root = &u.data;
 	/* [ts, events, dp_rank?] or {"ts", "events", ...} */
-	if (root->type == MSGPACK_OBJECT_ARRAY && root->via.array.size >= 2)
+	b->has_dp_rank = false;
+	b->dp_rank = 0;
+	if (root->type == MSGPACK_OBJECT_ARRAY && root->via.array.size >= 2) {
 		events = &root->via.array.ptr[1];
-	else if (root->type == MSGPACK_OBJECT_MAP)
+		if (root->via.array.size >= 3)
+			kv_dp_rank(&root->via.array.ptr[2], b);
+	} else if (root->type == MSGPACK_OBJECT_MAP) {
 		events = kv_map_get(root, "events");
+		kv_dp_rank(kv_map_get(root, "data_parallel_rank"), b);
+	}
 	if (events == NULL || events->type != MSGPACK_OBJECT_ARRAY)
 		goto out;
 	if (events->via.array.size > 0 &&
@@ -367,6 +385,8 @@ kvevents_from_grpc(const Smg__Grpc__Common__KvEventBatch *in,
 
 	out->events = NULL;
 	out->n_events = 0;
+	out->has_dp_rank = in->has_dp_rank && in->dp_rank >= 0;
+	out->dp_rank = out->has_dp_rank ? in->dp_rank : 0;
 	for (i = 0; i < in->n_events; i++) {
 		const Smg__Grpc__Common__KvCacheEvent *ge = in->events[i];
 
@@ -581,7 +601,7 @@ kv_probe(struct pworker *pw, const char *path)
 	struct kvevents_state *ks = &pw->pw_kv;
 
 	ks->ks_probe = KVEVENTS_PROBE_BUSY;
-	ks->ks_req = fetch_get(p, pw->pw_url, path, pw->pw_api_key,
+	ks->ks_req = fetch_get(p, pw->pw_base, path, pw->pw_api_key,
 	    KV_TIMEOUT_SECS, POLLER_BODY_MAX, kv_probe_cb, pw);
 	if (ks->ks_req == NULL) {
 		ks->ks_probe = KVEVENTS_PROBE_NONE;
@@ -754,28 +774,54 @@ kv_message(struct pworker *pw, zmq_msg_t *frames, size_t nframes)
 	kvevents_batch_clear(&b);
 }
 
-/* The one exit of a batch, whatever its transport. */
+/*
+ * The one exit of a batch, whatever its transport. The ranks of one
+ * engine ("<url>@<rank>" workers) share its stream: a batch naming its
+ * data-parallel rank goes to that rank's worker, one naming none to each
+ * (a reset to each in any case, so none keeps blocks of a lost stretch).
+ */
 static void
 kv_forward(struct pworker *pw, uint64_t seq, enum kvevents_verdict v,
     Smg__KvEventBatch *b)
 {
 	struct kvevents_state *ks = &pw->pw_kv;
-	Smg__PollerMsg m = SMG__POLLER_MSG__INIT;
+	struct pworker *sib[SHM_MAX_WORKERS];
+	Smg__KvEvent **events = b->events;
+	size_t nevents = b->n_events;
+	unsigned i, n, sent = 0;
+	bool failed = false, mine;
 
 	if (v == KVEVENTS_RESET && ks->ks_batches > 0)
 		log_info("%s: %s: batch %llu after a gap or restart; the "
 		         "worker's blocks are reset",
-		    __func__, pw->pw_url, (unsigned long long)seq);
-	b->worker_slot = pw->pw_slot;
-	b->worker_generation = pw->pw_generation;
-	b->worker_url = pw->pw_url;
+		    __func__, pw->pw_base, (unsigned long long)seq);
 	b->sequence = seq;
 	b->reset = v == KVEVENTS_RESET;
-	m.body_case = SMG__POLLER_MSG__BODY_KV_EVENTS;
-	m.kv_events = b;
-	if (report_send(pw->pw_poller, &m) == -1)
+	n = poller_ranks(pw, sib);
+	for (i = 0; i < n; i++) {
+		Smg__PollerMsg m = SMG__POLLER_MSG__INIT;
+
+		mine = sib[i]->pw_rank < 0 || !b->has_dp_rank ||
+		    b->dp_rank == sib[i]->pw_rank;
+		if (!mine && !b->reset)
+			continue;
+		b->worker_slot = sib[i]->pw_slot;
+		b->worker_generation = sib[i]->pw_generation;
+		b->worker_url = sib[i]->pw_url;
+		b->events = mine ? events : NULL;
+		b->n_events = mine ? nevents : 0;
+		m.body_case = SMG__POLLER_MSG__BODY_KV_EVENTS;
+		m.kv_events = b;
+		if (report_send(pw->pw_poller, &m) == -1)
+			failed = true;
+		else
+			sent++;
+	}
+	b->events = events;
+	b->n_events = nevents;
+	if (failed)
 		ks->ks_seq.kq_reset_next = true;
-	else
+	else if (sent > 0)
 		ks->ks_batches++;
 }
 
@@ -933,7 +979,8 @@ kvevents_tick(struct pworker *pw, uint64_t now)
 
 	live = pw->pw_status == SHM_WORKER_READY ||
 	    pw->pw_status == SHM_WORKER_NOT_READY;
-	if (!live) {
+	/* One subscription per engine: its leading rank's. */
+	if (!live || !poller_leads(pw)) {
 		if (ks->ks_sock != NULL || ks->ks_req != NULL ||
 		    ks->ks_stream != NULL)
 			kvevents_stop(pw);
@@ -963,7 +1010,7 @@ kvevents_tick(struct pworker *pw, uint64_t now)
 		return;
 	}
 	if (want == NULL ||
-	    kvevents_resolve(want, pw->pw_url, ep, sizeof(ep)) == -1) {
+	    kvevents_resolve(want, pw->pw_base, ep, sizeof(ep)) == -1) {
 		if (want != NULL && ks->ks_sock == NULL &&
 		    ks->ks_next_ms == 0) {
 			log_warnx("%s: %s: bad KV event endpoint '%s'",

@@ -35,6 +35,7 @@
 static void load_fetch(struct pworker *pw, enum load_step step);
 static bool load_fallback_allowed(const struct pworker *pw);
 static void load_done_cb(void *arg, const struct upstream_result *res);
+static void load_send(struct pworker *, Smg__RankLoad *, size_t, const char *);
 static void load_gauges(struct pworker *pw, const Smg__RankLoad *ranks,
     size_t n);
 static void load_gauge_set(struct pworker *, const char *, int32_t, double,
@@ -95,8 +96,10 @@ load_tick(struct pworker *pw, uint64_t now)
 	/* A worker whose spec sets an overload veto is polled regardless. */
 	if (!p->p_load_on && !pw->pw_overload_on)
 		return;
-	if (pw->pw_status != SHM_WORKER_READY) {
-		if (ls->ls_req != NULL || ls->ls_next_ms != 0)
+	if (pw->pw_status != SHM_WORKER_READY || !poller_leads(pw)) {
+		/* Another rank of its engine polls for it. */
+		if (ls->ls_req != NULL || ls->ls_call != NULL ||
+		    ls->ls_next_ms != 0)
 			load_stop(pw);
 		return;
 	}
@@ -165,7 +168,7 @@ load_fetch(struct pworker *pw, enum load_step step)
 	struct load_state *ls = &pw->pw_load;
 
 	ls->ls_step = step;
-	ls->ls_req = fetch_get(p, pw->pw_url,
+	ls->ls_req = fetch_get(p, pw->pw_base,
 	    step == LOAD_LOADS ? LOAD_PATH : "/metrics", pw->pw_api_key,
 	    LOAD_TIMEOUT_SECS, POLLER_BODY_MAX, load_done_cb, pw);
 	if (ls->ls_req == NULL)
@@ -335,36 +338,54 @@ void
 load_report(struct pworker *pw, Smg__RankLoad *ranks, size_t n,
     const char *source)
 {
+	struct pworker *sib[SHM_MAX_WORKERS];
+	unsigned k, nsib;
+
+	if (n > LOAD_MAX_RANKS)
+		n = LOAD_MAX_RANKS;
+	if (n > 0)
+		log_debug("%s: %s via %s: %zu rank(s), waiting %lld, running "
+		          "%lld",
+		    __func__, pw->pw_base, source, n,
+		    (long long)ranks[0].num_waiting_reqs,
+		    (long long)ranks[0].num_running_reqs);
+	/* A worker without rank takes every rank of its engine; the
+	 * "<url>@<rank>" workers of one engine each take their own. */
+	nsib = poller_ranks(pw, sib);
+	for (k = 0; k < nsib; k++)
+		load_send(sib[k], ranks, n, source);
+	if (pw->pw_poller->p_cf->cf_engine_metrics && n > 0)
+		load_gauges(pw, ranks, n);
+}
+
+/* The LoadReport of one worker: ranks[0..n), or for a rank its own. */
+static void
+load_send(struct pworker *pw, Smg__RankLoad *ranks, size_t n,
+    const char *source)
+{
 	Smg__PollerMsg m = SMG__POLLER_MSG__INIT;
 	Smg__LoadReport r = SMG__LOAD_REPORT__INIT;
 	Smg__RankLoad *ptrs[LOAD_MAX_RANKS];
 	struct timespec ts;
-	size_t i;
+	size_t i, k = 0;
 
-	if (n > LOAD_MAX_RANKS)
-		n = LOAD_MAX_RANKS;
 	for (i = 0; i < n; i++)
-		ptrs[i] = &ranks[i];
+		if (pw->pw_rank < 0 || ranks[i].dp_rank == pw->pw_rank)
+			ptrs[k++] = &ranks[i];
+	if (n > 0 && k == 0)
+		return; /* the engine reported no load of this rank */
 	clock_gettime(CLOCK_REALTIME, &ts);
 	r.worker_slot = pw->pw_slot;
 	r.worker_generation = pw->pw_generation;
 	r.worker_url = pw->pw_url;
-	r.ok = n > 0;
-	r.loads = n > 0 ? ptrs : NULL;
-	r.n_loads = n;
+	r.ok = k > 0;
+	r.loads = k > 0 ? ptrs : NULL;
+	r.n_loads = k;
 	r.fetched_at_ms = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 	r.source = (char *)source;
 	m.body_case = SMG__POLLER_MSG__BODY_LOAD;
 	m.load = &r;
-	if (n > 0)
-		log_debug("%s: %s via %s: %zu rank(s), waiting %lld, running "
-		          "%lld",
-		    __func__, pw->pw_url, source, n,
-		    (long long)ranks[0].num_waiting_reqs,
-		    (long long)ranks[0].num_running_reqs);
 	(void)report_send(pw->pw_poller, &m);
-	if (pw->pw_poller->p_cf->cf_engine_metrics && n > 0)
-		load_gauges(pw, ranks, n);
 }
 
 /*

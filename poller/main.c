@@ -23,6 +23,7 @@
 #include "shared/logsetup.h"
 #include "shared/sighup.h"
 #include "shared/tls.h"
+#include "shared/url.h"
 #include "shared/xmalloc.h"
 
 #define POLLER_SCAN_SECS 0.2
@@ -253,6 +254,10 @@ poller_scan_slot(struct poller *p, unsigned slot, uint64_t now)
 		pw->pw_in_use = true;
 		pw->pw_generation = w.sw_generation;
 		memcpy(pw->pw_url, w.sw_url, sizeof(pw->pw_url));
+		pw->pw_rank = url_rank(pw->pw_url);
+		if (url_rank_base(pw->pw_url, pw->pw_base,
+		        sizeof(pw->pw_base)) == -1)
+			memcpy(pw->pw_base, pw->pw_url, sizeof(pw->pw_base));
 	}
 	pw->pw_status = w.sw_status;
 	memcpy(pw->pw_api_key, w.sw_api_key, sizeof(pw->pw_api_key));

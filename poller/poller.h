@@ -173,6 +173,8 @@ enum register_step {
 	REGISTER_SERVER_INFO, /* GET /server_info (SGLang detection) */
 	REGISTER_MODEL_INFO, /* GET /model_info (model path) */
 	REGISTER_GET_MODEL_INFO, /* GET /get_model_info after a 404 */
+	REGISTER_DP_INFO, /* --dp-aware: GET /server_info for dp_size */
+	REGISTER_DP_INFO_GET, /* GET /get_server_info after a 404 */
 	REGISTER_GRPC, /* engine detection by gRPC HealthCheck */
 	REGISTER_DONE, /* reported; re-run if still Pending later */
 };
@@ -187,6 +189,7 @@ struct register_state {
 	char rs_model[SHM_MODEL_MAX];
 	char rs_runtime[REGISTER_RUNTIME_MAX];
 	char rs_error[REGISTER_ERROR_MAX];
+	uint32_t rs_dp_size; /* data-parallel ranks reported, 0 unknown */
 };
 
 /* What GET /v1/models said (workers.md §2.1): the first entry only. */
@@ -204,6 +207,12 @@ struct register_models {
  */
 int register_parse_models(const char *body, size_t len,
     struct register_models *out);
+/*
+ * The data-parallel size of a /server_info or /get_server_info body
+ * (SGLang's "dp_size", else "data_parallel_size"): an integer 1 ..
+ * INT32_MAX, or 0 when the body is no JSON object or names none.
+ */
+uint32_t register_parse_dp_size(const char *body, size_t len);
 /*
  * Parses a /model_info or /get_model_info body into its "model_path".
  * Returns 0 when found (non-empty string), -1 otherwise.
@@ -377,6 +386,10 @@ struct pworker {
 	uint32_t pw_generation;
 	uint32_t pw_status; /* enum shm_worker_status, as last scanned */
 	char pw_url[SHM_URL_MAX];
+	/* Where its engine is reached: pw_url without a data-parallel
+	 * "@<rank>" suffix (pw_rank, -1 none). */
+	char pw_base[SHM_URL_MAX];
+	int pw_rank;
 	char pw_api_key[SHM_KEY_MAX];
 	char pw_model[SHM_MODEL_MAX];
 	char pw_runtime[REGISTER_RUNTIME_MAX]; /* learnt by registration */
@@ -407,6 +420,21 @@ struct poller {
 	struct pworker p_workers[SHM_MAX_WORKERS];
 	struct jwks *p_jwks; /* NULL without --jwt-issuer */
 };
+
+/*
+ * Data-parallel ranks of one engine ("<url>@<rank>" slots, --dp-aware)
+ * share its address: one of them, the leader, probes its health, polls
+ * its loads and subscribes to its KV events for all (the lowest slot
+ * among those Ready or NotReady); the others stay idle. A worker without
+ * rank leads itself.
+ */
+bool poller_leads(const struct pworker *pw);
+/*
+ * The slots a finding of pw's engine is reported for: pw, and for a rank
+ * its siblings that are Ready or NotReady, in slot order. Returns how
+ * many were stored in out (SHM_MAX_WORKERS entries).
+ */
+unsigned poller_ranks(struct pworker *pw, struct pworker **out);
 
 /*
  * Sends one message to the broker (version set here). Returns 0, or -1

@@ -103,6 +103,27 @@ register_parse_models(const char *body, size_t len, struct register_models *out)
 	return 0;
 }
 
+uint32_t
+register_parse_dp_size(const char *body, size_t len)
+{
+	static const char *const names[] = { "dp_size", "data_parallel_size" };
+	cJSON *root, *v;
+	uint32_t n = 0;
+	size_t i;
+
+	if ((root = cJSON_ParseWithLength(body, len)) == NULL)
+		return 0;
+	for (i = 0; i < 2 && n == 0 && cJSON_IsObject(root); i++) {
+		v = cJSON_GetObjectItemCaseSensitive(root, names[i]);
+		if (cJSON_IsNumber(v) && v->valuedouble >= 1 &&
+		    v->valuedouble <= INT32_MAX &&
+		    v->valuedouble == (double)(int64_t)v->valuedouble)
+			n = (uint32_t)v->valuedouble;
+	}
+	cJSON_Delete(root);
+	return n;
+}
+
 int
 register_parse_model_info(const char *body, size_t len, char *model,
     size_t model_len)
@@ -183,6 +204,7 @@ reg_attempt(struct pworker *pw, uint64_t now)
 	rs->rs_models_live = false;
 	rs->rs_model[0] = '\0';
 	rs->rs_runtime[0] = '\0';
+	rs->rs_dp_size = 0;
 	rs->rs_attempts++;
 	if (rpc_is_grpc_url(pw->pw_url)) {
 		/* gRPC only: the engine's own HealthCheck identifies it. */
@@ -219,7 +241,7 @@ reg_get(struct pworker *pw, enum register_step step, const char *path)
 	struct register_state *rs = &pw->pw_reg;
 
 	rs->rs_step = step;
-	rs->rs_req = fetch_get(p, pw->pw_url, path, pw->pw_api_key,
+	rs->rs_req = fetch_get(p, pw->pw_base, path, pw->pw_api_key,
 	    (double)p->p_cf->cf_health_check_timeout_secs, POLLER_BODY_MAX,
 	    reg_done_cb, pw);
 	if (rs->rs_req == NULL)
@@ -293,6 +315,22 @@ reg_done_cb(void *arg, const struct upstream_result *res)
 			return;
 		}
 		break;
+	case REGISTER_DP_INFO:
+	case REGISTER_DP_INFO_GET:
+		if (reg_2xx(res) && !res->ur_truncated)
+			rs->rs_dp_size = register_parse_dp_size(res->ur_body,
+			    res->ur_body_len);
+		else if (rs->rs_step == REGISTER_DP_INFO &&
+		    res->ur_error == UPSTREAM_OK && res->ur_status == 404) {
+			reg_get(pw, REGISTER_DP_INFO_GET, "/get_server_info");
+			return;
+		}
+		if (rs->rs_dp_size == 0)
+			log_info("%s: %s reports no dp_size: one worker, "
+			         "without data-parallel rank",
+			    __func__, pw->pw_url);
+		reg_report(pw, true);
+		return;
 	default:
 		log_warnx("%s: %s: unexpected step %d", __func__, pw->pw_url,
 		    (int)rs->rs_step);
@@ -334,6 +372,12 @@ reg_next(struct pworker *pw)
 			    "/server_info or model_info)");
 			return;
 		}
+	}
+	/* --dp-aware: how many data-parallel ranks the engine runs, unless
+	 * the URL names its rank (gateway.md §1, workers.md §2.1). */
+	if (pw->pw_poller->p_cf->cf_dp_aware && pw->pw_rank < 0) {
+		reg_get(pw, REGISTER_DP_INFO, "/server_info");
+		return;
 	}
 	reg_report(pw, true);
 }
@@ -378,12 +422,18 @@ reg_report(struct pworker *pw, bool ok)
 	d.model_id = ok ? rs->rs_model : "";
 	d.runtime = ok ? rs->rs_runtime : "";
 	d.error = ok ? "" : rs->rs_error;
+	d.dp_size = ok ? rs->rs_dp_size : 0;
 	m.body_case = SMG__POLLER_MSG__BODY_DISCOVERY;
 	m.discovery = &d;
 	/* Kept past registration: the load fallback depends on it. */
 	if (ok)
 		memcpy(pw->pw_runtime, rs->rs_runtime, sizeof(pw->pw_runtime));
-	if (ok)
+	if (ok && rs->rs_dp_size > 0)
+		log_info("%s: %s: model %s, runtime %s, dp_size %u", __func__,
+		    pw->pw_url,
+		    rs->rs_model[0] != '\0' ? rs->rs_model : "(none)",
+		    rs->rs_runtime, (unsigned)rs->rs_dp_size);
+	else if (ok)
 		log_info("%s: %s: model %s, runtime %s", __func__, pw->pw_url,
 		    rs->rs_model[0] != '\0' ? rs->rs_model : "(none)",
 		    rs->rs_runtime);

@@ -56,7 +56,7 @@ const char *
 rpc_target(const struct pworker *pw)
 {
 	if (rpc_is_grpc_url(pw->pw_url))
-		return pw->pw_url;
+		return pw->pw_base;
 	if (pw->pw_grpc_label[0] != '\0')
 		return pw->pw_grpc_label;
 	return NULL;

@@ -7,6 +7,7 @@
  * the cross-flag startup rules of gateway.md §2 and policies.md §14.
  */
 #include "shared/config.h"
+#include "shared/url.h"
 #include "shared/urlallow.h"
 
 #include <ctype.h>
@@ -915,10 +916,14 @@ config_check_worker_url(const char *url, char *err, size_t errlen)
 		return 0;
 	}
 	end = rest + strcspn(rest, "/?#");
+	/* "host[:port]@N" names data-parallel rank N of that worker. */
+	if (url_rank(url) >= 0 && strrchr(rest, '@') < end)
+		end = strrchr(rest, '@');
 	if ((host = memchr(rest, '@', (size_t)(end - rest))) != NULL)
 		return cfg_err(err, errlen,
 		    "invalid worker URL '%s' (user information not "
-		    "supported)",
+		    "supported; a data-parallel rank is written "
+		    "host:port@N, N 0..2147483647)",
 		    url);
 	host = rest;
 	if (*host == '[') {

@@ -9,6 +9,7 @@
 #include <cmocka.h>
 
 #include "shared/config.h"
+#include "shared/url.h"
 
 #define MAX_ARGS 64
 
@@ -783,6 +784,21 @@ test_worker_url_check(void **state)
 	assert_int_equal(config_check_worker_url("http://a?x", err, 256), 0);
 	assert_int_equal(config_check_worker_url("http://[::1]x", err, 256),
 	    -1);
+	/* Data-parallel ranks; anything else after '@' is user info. */
+	assert_int_equal(config_check_worker_url("http://a:8@1", err, 256), 0);
+	assert_int_equal(config_check_worker_url("http://[::1]@0", err, 256),
+	    0);
+	assert_int_equal(config_check_worker_url("http://a:8@", err, 256), -1);
+	assert_non_null(strstr(err, "user information"));
+	assert_int_equal(config_check_worker_url("http://a:8@-1", err, 256),
+	    -1);
+	assert_int_equal(config_check_worker_url("http://a:8@x", err, 256), -1);
+	assert_int_equal(
+	    config_check_worker_url("http://a:8@99999999999", err, 256), -1);
+	assert_int_equal(config_check_worker_url("http://a@b:8", err, 256), -1);
+	assert_int_equal(config_check_worker_url("http://a:x@1", err, 256), -1);
+	assert_int_equal(config_check_worker_url("http://a?q@1", err, 256), 0);
+	assert_int_equal(url_rank("http://a?q@1"), -1);
 	assert_int_equal(config_check_header_name("X-Smg-Routing-Key"), 0);
 	assert_int_equal(config_check_header_name(""), -1);
 	assert_int_equal(config_check_header_name("a b"), -1);

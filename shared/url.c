@@ -24,14 +24,17 @@ url_rank_suffix(const char *s, size_t len, size_t *cut)
 		return -1;
 	if ((at = strrchr(sep + 3, '@')) == NULL || at[1] == '\0')
 		return -1;
+	/* One spelling per rank: "@07" would be a second URL of rank 7. */
+	if (at[1] == '0' && at + 2 < s + len)
+		return -1;
 	for (p = at + 1; p < s + len; p++) {
 		if (*p < '0' || *p > '9')
 			return -1;
 		if ((v = v * 10 + (*p - '0')) > 0x7fffffff)
 			return -1;
 	}
-	/* Digits after a path's '@' are the path's. */
-	if (memchr(sep + 3, '/', (size_t)(at - sep - 3)) != NULL)
+	/* Digits after a path's, query's or fragment's '@' are theirs. */
+	if (strcspn(sep + 3, "/?#") < (size_t)(at - sep - 3))
 		return -1;
 	*cut = (size_t)(at - s);
 	return (int)v;
@@ -98,6 +101,28 @@ url_parse(const char *s, struct url *u)
 	u->u_authority_len = strcspn(u->u_authority, "/?#");
 	if (u->u_authority + u->u_authority_len > s + len)
 		u->u_authority_len = (size_t)(s + len - u->u_authority);
+	return 0;
+}
+
+int
+url_rank(const char *s)
+{
+	size_t cut;
+
+	return url_rank_suffix(s, strlen(s), &cut);
+}
+
+int
+url_rank_base(const char *s, char *out, size_t len)
+{
+	size_t n = strlen(s), cut;
+
+	if (url_rank_suffix(s, n, &cut) >= 0)
+		n = cut;
+	if (n >= len)
+		return -1;
+	memcpy(out, s, n);
+	out[n] = '\0';
 	return 0;
 }
 

@@ -51,4 +51,18 @@ bool url_scheme_is(const struct url *u, const char *name);
 /* Length of "scheme://authority", the origin without path or query. */
 size_t url_origin_len(const struct url *u, const char *s);
 
+/*
+ * The data-parallel rank a worker URL names ("scheme://host[:port]@N",
+ * N decimal up to INT32_MAX, nothing after it, no path before it), or -1
+ * when it names none: no "@", "@" with nothing, a sign or anything but
+ * digits after it, or a rank beyond INT32_MAX. The one reader of the
+ * suffix for every process.
+ */
+int url_rank(const char *s);
+/*
+ * Copies s without its "@N" rank suffix (or whole when it has none) into
+ * out. Returns 0, or -1 when it does not fit in len.
+ */
+int url_rank_base(const char *s, char *out, size_t len);
+
 #endif /* SHARED_URL_H */

@@ -116,6 +116,40 @@ test_rank_and_userinfo(void **state)
 }
 
 static void
+test_rank_suffix(void **state)
+{
+	char b[32];
+
+	(void)state;
+	assert_int_equal(url_rank("http://h:8000@3"), 3);
+	assert_int_equal(url_rank("http://h@0"), 0);
+	assert_int_equal(url_rank("grpc://[::1]:9@2147483647"), 2147483647);
+	assert_int_equal(url_rank("http://h:8000"), -1);
+	assert_int_equal(url_rank("http://h:8000@"), -1);
+	assert_int_equal(url_rank("http://h:8000@-1"), -1);
+	assert_int_equal(url_rank("http://h:8000@+1"), -1);
+	assert_int_equal(url_rank("http://h:8000@x"), -1);
+	assert_int_equal(url_rank("http://h:8000@1x"), -1);
+	assert_int_equal(url_rank("http://h:8000@07"), -1);
+	assert_int_equal(url_rank("http://h:8000@2147483648"), -1);
+	assert_int_equal(url_rank("http://h:8000@99999999999"), -1);
+	assert_int_equal(url_rank("http://h:8000@99999999999999999999999"), -1);
+	assert_int_equal(url_rank("http://h/p@2"), -1);
+	assert_int_equal(url_rank("h@2"), -1);
+	assert_int_equal(url_rank("@"), -1);
+	assert_int_equal(url_rank(""), -1);
+	assert_int_equal(url_rank_base("http://h:8000@12", b, sizeof(b)), 0);
+	assert_string_equal(b, "http://h:8000");
+	assert_int_equal(url_rank_base("http://h:8000", b, sizeof(b)), 0);
+	assert_string_equal(b, "http://h:8000");
+	assert_int_equal(url_rank_base("http://h:8000@x", b, sizeof(b)), 0);
+	assert_string_equal(b, "http://h:8000@x");
+	assert_int_equal(url_rank_base("http://h:8000@1", b, 8), -1);
+	assert_int_equal(url_rank_base("http://h:8000@1", b, 14), 0);
+	assert_string_equal(b, "http://h:8000");
+}
+
+static void
 test_refused(void **state)
 {
 	static const char *const bad[] = {
@@ -152,6 +186,7 @@ main(void)
 		cmocka_unit_test(test_worker_urls),
 		cmocka_unit_test(test_ipv6),
 		cmocka_unit_test(test_rank_and_userinfo),
+		cmocka_unit_test(test_rank_suffix),
 		cmocka_unit_test(test_refused),
 	};
 

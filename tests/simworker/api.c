@@ -50,6 +50,14 @@ struct api {
 	long a_started; /* wall clock, for "created" */
 	struct pdsim *a_pd; /* PD/EPD role */
 	char *a_model_json; /* the model id as a JSON string */
+	/* data_parallel_rank of inference requests: counts per rank, the
+	 * requests without one (or out of range), the last one (-1 none) */
+	uint64_t a_dp_by_rank[SIM_DP_MAX];
+	uint64_t a_dp_without;
+	long a_dp_last;
+	/* gateway probes: GET /health, GET /v1/loads */
+	uint64_t a_probe_health;
+	uint64_t a_probe_loads;
 };
 
 /* One inference request between arrival and its response's end. */
@@ -106,6 +114,7 @@ static void api_models(struct api *, struct srv_conn *,
     const struct srv_request *);
 static void api_model_info(struct api *, struct srv_conn *,
     const struct srv_request *);
+static void api_note_dp_rank(struct api *, const cJSON *);
 static void api_server_info(struct api *, struct srv_conn *,
     const struct srv_request *);
 static void api_loads(struct api *, struct srv_conn *,
@@ -143,6 +152,7 @@ api_new(struct ev_loop *loop, const struct api_config *cfg, struct engine *e,
 	a->a_fail_status = cfg->ac_fail_status;
 	a->a_rng = cfg->ac_seed ? cfg->ac_seed : 0x9e3779b97f4a7c15ULL;
 	a->a_started = (long)time(NULL);
+	a->a_dp_last = -1;
 	a->a_pd = pdsim_new(loop, cfg->ac_role,
 	    cfg->ac_host != NULL ? cfg->ac_host : "127.0.0.1",
 	    cfg->ac_bootstrap_port, cfg->ac_bootstrap_dir,
@@ -441,6 +451,7 @@ api_request(void *arg, struct srv_conn *conn, const struct srv_request *req)
 		return;
 	}
 	if (strcmp(path, "/health") == 0 && get) {
+		a->a_probe_health++;
 		api_extra(a, req, extra, sizeof(extra));
 		srv_respond(conn, a->a_healthy ? 200 : 503, "text/plain", extra,
 		    "", 0);
@@ -466,6 +477,7 @@ api_request(void *arg, struct srv_conn *conn, const struct srv_request *req)
 		api_reply_json(a, conn, req, 200,
 		    cJSON_Parse("{\"version\":\"" API_VERSION "\"}"));
 	} else if (strcmp(path, "/v1/loads") == 0 && get) {
+		a->a_probe_loads++;
 		if (a->a_cfg.ac_no_loads)
 			api_error(a, conn, req, 404, "Not Found");
 		else
@@ -488,6 +500,9 @@ api_request(void *arg, struct srv_conn *conn, const struct srv_request *req)
 		api_sim_stats(a, conn, req);
 	} else if (strcmp(path, "/sim/reset_stats") == 0 && post) {
 		stats_reset(a->a_stats);
+		memset(a->a_dp_by_rank, 0, sizeof(a->a_dp_by_rank));
+		a->a_dp_without = 0;
+		a->a_dp_last = -1;
 		api_reply_json(a, conn, req, 200,
 		    cJSON_Parse("{\"success\":true}"));
 	} else {
@@ -585,6 +600,7 @@ api_infer(struct api *a, struct srv_conn *conn, const struct srv_request *req,
 		api_error(a, conn, req, 404, msg);
 		return;
 	}
+	api_note_dp_rank(a, body);
 	v = cJSON_GetObjectItemCaseSensitive(body, "sim_hold_ms");
 	if (v != NULL) {
 		if (!cJSON_IsNumber(v) || v->valuedouble < 0 ||
@@ -1081,6 +1097,24 @@ api_model_info(struct api *a, struct srv_conn *conn,
 	api_reply_json(a, conn, req, 200, o);
 }
 
+/* What data_parallel_rank a request carried (SGLang's DP routing). */
+static void
+api_note_dp_rank(struct api *a, const cJSON *body)
+{
+	const cJSON *v =
+	    cJSON_GetObjectItemCaseSensitive(body, "data_parallel_rank");
+
+	if (cJSON_IsNumber(v) && v->valuedouble >= 0 &&
+	    v->valuedouble < a->a_cfg.ac_dp_size &&
+	    v->valuedouble == (double)(long)v->valuedouble) {
+		a->a_dp_last = (long)v->valuedouble;
+		a->a_dp_by_rank[a->a_dp_last]++;
+	} else {
+		a->a_dp_last = -1;
+		a->a_dp_without++;
+	}
+}
+
 static void
 api_server_info(struct api *a, struct srv_conn *conn,
     const struct srv_request *req)
@@ -1102,7 +1136,7 @@ api_server_info(struct api *a, struct srv_conn *conn,
 	cJSON_AddNumberToObject(o, "context_length",
 	    a->a_cfg.ac_context_length);
 	cJSON_AddNumberToObject(o, "tp_size", 1);
-	cJSON_AddNumberToObject(o, "dp_size", 1);
+	cJSON_AddNumberToObject(o, "dp_size", a->a_cfg.ac_dp_size);
 	cJSON_AddStringToObject(o, "load_balance_method", "round_robin");
 	cJSON_AddStringToObject(o, "disaggregation_mode", "null");
 	if (a->a_cfg.ac_kv_endpoint != NULL) {
@@ -1131,6 +1165,7 @@ api_loads(struct api *a, struct srv_conn *conn, const struct srv_request *req)
 	struct tm tm;
 	cJSON *o, *arr, *l;
 	double hit;
+	uint32_t r;
 
 	engine_get_stats(a->a_engine, &es);
 	gmtime_r(&now, &tm);
@@ -1141,29 +1176,33 @@ api_loads(struct api *a, struct srv_conn *conn, const struct srv_request *req)
 	o = cJSON_CreateObject();
 	cJSON_AddStringToObject(o, "timestamp", ts);
 	cJSON_AddStringToObject(o, "version", API_VERSION);
-	cJSON_AddNumberToObject(o, "dp_rank_count", 1);
+	cJSON_AddNumberToObject(o, "dp_rank_count", a->a_cfg.ac_dp_size);
 	arr = cJSON_AddArrayToObject(o, "loads");
-	l = cJSON_CreateObject();
-	cJSON_AddItemToArray(arr, l);
-	cJSON_AddNumberToObject(l, "dp_rank", 0);
-	cJSON_AddNumberToObject(l, "num_running_reqs", es.es_running);
-	cJSON_AddNumberToObject(l, "num_waiting_reqs", es.es_waiting);
-	cJSON_AddNumberToObject(l, "num_waiting_uncached_tokens",
-	    (double)es.es_waiting_uncached);
-	cJSON_AddNumberToObject(l, "num_total_reqs",
-	    (double)es.es_running + es.es_waiting);
-	cJSON_AddNumberToObject(l, "num_used_tokens",
-	    (double)es.es_used_tokens);
-	cJSON_AddNumberToObject(l, "max_total_num_tokens",
-	    (double)es.es_capacity_tokens);
-	cJSON_AddNumberToObject(l, "token_usage",
-	    (double)es.es_used_tokens / (double)es.es_capacity_tokens);
-	cJSON_AddNumberToObject(l, "gen_throughput", es.es_gen_throughput);
-	cJSON_AddNumberToObject(l, "cache_hit_rate", hit);
-	cJSON_AddNumberToObject(l, "utilization",
-	    (double)es.es_running / a->a_cfg.ac_max_running);
-	cJSON_AddNumberToObject(l, "max_running_requests",
-	    a->a_cfg.ac_max_running);
+	/* One engine simulates every rank: each reports its figures. */
+	for (r = 0; r < a->a_cfg.ac_dp_size; r++) {
+		l = cJSON_CreateObject();
+		cJSON_AddItemToArray(arr, l);
+		cJSON_AddNumberToObject(l, "dp_rank", r);
+		cJSON_AddNumberToObject(l, "num_running_reqs", es.es_running);
+		cJSON_AddNumberToObject(l, "num_waiting_reqs", es.es_waiting);
+		cJSON_AddNumberToObject(l, "num_waiting_uncached_tokens",
+		    (double)es.es_waiting_uncached);
+		cJSON_AddNumberToObject(l, "num_total_reqs",
+		    (double)es.es_running + es.es_waiting);
+		cJSON_AddNumberToObject(l, "num_used_tokens",
+		    (double)es.es_used_tokens);
+		cJSON_AddNumberToObject(l, "max_total_num_tokens",
+		    (double)es.es_capacity_tokens);
+		cJSON_AddNumberToObject(l, "token_usage",
+		    (double)es.es_used_tokens / (double)es.es_capacity_tokens);
+		cJSON_AddNumberToObject(l, "gen_throughput",
+		    es.es_gen_throughput);
+		cJSON_AddNumberToObject(l, "cache_hit_rate", hit);
+		cJSON_AddNumberToObject(l, "utilization",
+		    (double)es.es_running / a->a_cfg.ac_max_running);
+		cJSON_AddNumberToObject(l, "max_running_requests",
+		    a->a_cfg.ac_max_running);
+	}
 	api_reply_json(a, conn, req, 200, o);
 }
 
@@ -1390,7 +1429,8 @@ api_sim_stats(struct api *a, struct srv_conn *conn,
     const struct srv_request *req)
 {
 	struct engine_stats es;
-	cJSON *o;
+	cJSON *o, *dp, *by;
+	uint32_t r;
 
 	engine_get_stats(a->a_engine, &es);
 	o = cJSON_CreateObject();
@@ -1403,5 +1443,18 @@ api_sim_stats(struct api *a, struct srv_conn *conn,
 	    (double)es.es_output_tokens);
 	cJSON_AddNumberToObject(o, "time_scale", a->a_cfg.ac_time_scale);
 	cJSON_AddStringToObject(o, "worker", a->a_cfg.ac_worker_id);
+	dp = cJSON_AddObjectToObject(o, "dp");
+	if (a->a_dp_last >= 0)
+		cJSON_AddNumberToObject(dp, "last_rank", (double)a->a_dp_last);
+	else
+		cJSON_AddNullToObject(dp, "last_rank");
+	by = cJSON_AddArrayToObject(dp, "by_rank");
+	for (r = 0; r < a->a_cfg.ac_dp_size; r++)
+		cJSON_AddItemToArray(by,
+		    cJSON_CreateNumber((double)a->a_dp_by_rank[r]));
+	cJSON_AddNumberToObject(dp, "without_rank", (double)a->a_dp_without);
+	dp = cJSON_AddObjectToObject(o, "probes");
+	cJSON_AddNumberToObject(dp, "health", (double)a->a_probe_health);
+	cJSON_AddNumberToObject(dp, "loads", (double)a->a_probe_loads);
 	api_reply_json(a, conn, req, 200, o);
 }

@@ -38,6 +38,7 @@ struct main_opts {
 	long long mo_context_length;
 	double mo_time_scale;
 	int mo_no_loads;
+	long long mo_dp_size;
 	int mo_strict_model;
 	const char *mo_kv_endpoint;
 	const char *mo_kv_format;
@@ -85,6 +86,7 @@ static struct main_opts opts = {
 	.mo_grpc_port = -1,
 	.mo_grpc_fault = "",
 	.mo_grpc_kv_events = 1,
+	.mo_dp_size = 1,
 };
 
 /* Every flag: name, type, where it goes, bounds (numbers), help. */
@@ -129,6 +131,10 @@ static const struct main_flag {
 	    "answer 404 to a request naming another model (as vLLM does)" },
 	{ "no-loads", MAIN_FLAG_BOOL, &opts.mo_no_loads, 0, 0,
 	    "answer 404 on /v1/loads" },
+	{ "dp-size", MAIN_FLAG_INT, &opts.mo_dp_size, 1, SIM_DP_MAX,
+	    "data-parallel ranks reported (server info dp_size, one "
+	    "/v1/loads entry each); /sim/stats counts requests per "
+	    "data_parallel_rank" },
 	{ "kv-events-endpoint", MAIN_FLAG_STR, &opts.mo_kv_endpoint, 0, 0,
 	    "ZMQ endpoint to bind a KV-event PUB socket at" },
 	{ "kv-events-format", MAIN_FLAG_STR, &opts.mo_kv_format, 0, 0,
@@ -389,6 +395,7 @@ main(int argc, char **argv)
 	ac.ac_engine = strcmp(opts.mo_engine, "vllm") == 0 ? SIM_ENGINE_VLLM
 	                                                   : SIM_ENGINE_SGLANG;
 	ac.ac_no_loads = opts.mo_no_loads;
+	ac.ac_dp_size = (uint32_t)opts.mo_dp_size;
 	ac.ac_strict_model = opts.mo_strict_model;
 	ac.ac_context_length = (uint32_t)opts.mo_context_length;
 	ac.ac_max_running = (uint32_t)opts.mo_max_running;

@@ -344,11 +344,15 @@ enum sim_engine_kind {
 	SIM_ENGINE_VLLM,
 };
 
+/* Data-parallel ranks a simulated engine reports at most (--dp-size). */
+#define SIM_DP_MAX 64
+
 struct api_config {
 	const char *ac_model;
 	const char *ac_worker_id;
 	enum sim_engine_kind ac_engine;
 	int ac_no_loads;
+	uint32_t ac_dp_size; /* data-parallel ranks reported, >= 1 */
 	int ac_strict_model; /* 404 to a request naming another model */
 	uint32_t ac_context_length;
 	uint32_t ac_max_running;

@@ -11,8 +11,6 @@ prefill), so a merged list is the prefill's followed by the decode's.
 import http.client
 import json
 
-import pytest
-
 import gw
 import sim
 import util
@@ -140,14 +138,7 @@ def test_pd_dp_rank_fields(tmp_path):
             g.wait_ready(1)
             r = g.post("/workers", {"url": d.url + "@1",
                                     "worker_type": "decode"})
-            if r.status != 202:
-                # Registration validates worker URLs and refuses "@" in the
-                # authority (user information); DP-aware expansion into
-                # "<url>@<rank>" workers does not exist yet, so no worker can
-                # carry a rank. The injection itself is unit-tested (pd_test).
-                assert r.status == 400, r
-                pytest.skip("worker URLs with an @<rank> suffix are refused: "
-                            f"{r.json()}")
+            assert r.status == 202, r
             g.wait_ready(2)
             r = g.post("/generate", {"text": TEXT})
             assert r.status == 200, r
@@ -156,6 +147,47 @@ def test_pd_dp_rank_fields(tmp_path):
             assert ds["last_dp_rank"] == 1
             assert ds["last_prefill_dp_rank"] is None
             assert p.stats()["bootstrap"]["last_dp_rank"] is None
+    finally:
+        p.stop()
+        d.stop()
+
+
+def test_pd_dp_aware_both_legs(tmp_path):
+    """--dp-aware in PD mode: the prefill and decode engines each report
+    two ranks, become "<url>@0" and "<url>@1" workers, and both legs carry
+    their ranks (routed_dp_rank; the decode leg also the prefill's)."""
+    rdv = tmp_path / "rdv"
+    rdv.mkdir(exist_ok=True)
+    p = sim.start_simworker(tmp_path, "--role", "prefill", "--dp-size", 2,
+                            "--bootstrap-port", 9100, "--bootstrap-dir", rdv,
+                            "--worker-id", "P0", name="prefill0")
+    d = sim.start_simworker(tmp_path, "--role", "decode", "--dp-size", 2,
+                            "--bootstrap-dir", rdv, "--bootstrap-timeout", 2,
+                            "--worker-id", "D0", name="decode0")
+    try:
+        with gw.start_gateway(tmp_path, "--pd-disaggregation", "--dp-aware",
+                              "--prefill", p.url, 9100, "--decode", d.url,
+                              "--policy", "round_robin") as g:
+            g.wait_ready(4)
+            urls = sorted(w["url"] for w in g.get("/workers").json()
+                          ["workers"])
+            assert urls == sorted([p.url + "@0", p.url + "@1",
+                                   d.url + "@0", d.url + "@1"]), urls
+            seen = set()
+            for _ in range(4):
+                r = g.post("/generate", {"text": TEXT})
+                assert r.status == 200, r
+                routed = r.headers["x-smg-routed-worker-id"]
+                assert routed.startswith(d.url + "@"), routed
+                ds = d.stats()["bootstrap"]
+                assert ds["last_dp_rank"] == int(routed.rsplit("@")[1])
+                pr = p.stats()["bootstrap"]["last_dp_rank"]
+                assert pr in (0, 1)
+                assert ds["last_prefill_dp_rank"] == pr
+                seen.add((pr, ds["last_dp_rank"]))
+            # round_robin on each leg: both ranks of each engine serve.
+            assert {a for a, _ in seen} == {0, 1}, seen
+            assert {b for _, b in seen} == {0, 1}, seen
     finally:
         p.stop()
         d.stop()
