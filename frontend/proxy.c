@@ -105,6 +105,7 @@ proxy_new(struct conn *c, const struct http_request *hr,
 	}
 	rq->rq_conn = c;
 	rq->rq_hr = hr;
+	rq->rq_ex->ex_rx = reqctx_get(c, hr);
 	snprintf(rq->rq_id, sizeof(rq->rq_id), "%s", request_id);
 	/* The router bounds the target below PROXY_PATH_MAX. */
 	snprintf(rq->rq_path, sizeof(rq->rq_path), "%s%s%s", hr->hr_path,
@@ -292,8 +293,9 @@ proxy_headers(struct req *rq, const struct decision *d, bool body, char *auth,
 	const struct http_header *ct;
 	size_t n;
 
-	n = hdr_upstream(rq->rq_hr, reqctx_find(rq->rq_hr), rq->rq_id,
-	    d->dc_api_key, body && !multipart, auth, alen, h, HDR_UPSTREAM_MAX);
+	n = hdr_upstream(rq->rq_hr, reqctx_find(rq->rq_hr),
+	    rq->rq_ex->ex_legs[0].xl_traceparent, rq->rq_id, d->dc_api_key,
+	    body && !multipart, auth, alen, h, HDR_UPSTREAM_MAX);
 	if (multipart && n < HDR_UPSTREAM_MAX &&
 	    (ct = http_request_header(rq->rq_hr, "content-type")) != NULL) {
 		h[n].uh_name = "content-type";
