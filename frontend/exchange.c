@@ -112,6 +112,20 @@ exchange_route(struct exchange *ex)
 	}
 }
 
+int
+exchange_admit(struct exchange *ex)
+{
+	char msg[FE_MSG_MAX];
+	int retry;
+
+	if (tenant_charge(ex->ex_rx, ex->ex_in->ei_model, ex->ex_prompt_tokens,
+	        &retry, msg, sizeof(msg)))
+		return 0;
+	stats_add("smg_http_rate_limit_total", "result=\"rejected\"", 1);
+	exchange_fail(ex, 429, "tenant_rate_limited", msg, retry);
+	return -1;
+}
+
 bool
 exchange_can_retry(const struct exchange *ex, int status)
 {

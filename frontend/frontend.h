@@ -558,6 +558,17 @@ void auth_jwt_counts(uint64_t *verified, uint64_t *cached);
  */
 void tenant_init(void);
 bool tenant_take(const struct reqctx *rx, int *retry_after_secs);
+/*
+ * The rest of rx's tenant limits, once the request's model and prompt
+ * tokens are known (before its first routing): the tenant's
+ * tokens_per_minute and the model rule matching model (NULL: none), its
+ * requests and tokens. All or nothing: refused, nothing stays taken,
+ * the request taken by tenant_take included; why gets the message and
+ * *retry_after_secs when to come back (0: never fits, more tokens than a
+ * minute allows).
+ */
+bool tenant_charge(const struct reqctx *rx, const char *model, uint64_t tokens,
+    int *retry_after_secs, char *why, size_t whylen);
 /* The bounded metric label of a tenant key: itself if configured. */
 const char *tenant_label(const char *tenant);
 
@@ -742,6 +753,13 @@ struct exchange *exchange_new(struct conn *c, const struct extract_inputs *in,
 /* One given worker (gateway-local relays): no decision, no retry. */
 void exchange_fix(struct exchange *ex, unsigned slot,
     const struct shm_worker *w);
+/*
+ * The tenant's token and model-rule limits (tenant_charge) for the
+ * request's model and ex_prompt_tokens, before the first exchange_route:
+ * 0, or -1 when refused: answered 429 tenant_rate_limited, and the
+ * caller returns without touching the request.
+ */
+int exchange_admit(struct exchange *ex);
 /* Asks for a worker for every leg (one batch); xo_routed or a retry or
  * xo_failed follows, never inside this call. */
 void exchange_route(struct exchange *ex);

@@ -738,6 +738,8 @@ pd_start(struct conn *c, const struct http_request *hr,
 			rq->pr_in.ei_model = m;
 		}
 	}
+	if (exchange_admit(rq->pr_ex) == -1)
+		return;
 	exchange_route(rq->pr_ex);
 }
 

@@ -174,6 +174,8 @@ proxy_start(struct conn *c, const struct http_request *hr,
 		    0);
 		return;
 	}
+	if (exchange_admit(rq->rq_ex) == -1)
+		return;
 	exchange_route(rq->rq_ex);
 }
 
@@ -625,6 +627,8 @@ proxy_start_stream(struct req *rq)
 		return;
 	}
 	stats_add("smg_router_streamed_request_bodies_total", "", 1);
+	if (exchange_admit(rq->rq_ex) == -1)
+		return;
 	exchange_route(rq->rq_ex);
 }
 
