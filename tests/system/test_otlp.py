@@ -367,3 +367,41 @@ def test_bad_endpoint_refused():
                        start_new_session=True)
     assert r.returncode != 0
     assert "--otlp-traces-endpoint" in r.stderr
+
+
+def test_pd_has_an_attempt_span_per_leg(tmp_path):
+    from test_pd_disagg import _pd_args, _pd_sims, _stop
+    prefill, decode = _pd_sims(tmp_path)
+    col = Collector()
+    try:
+        with gw.start_gateway(tmp_path, *_pd_args(
+                prefill, decode, "--policy", "round_robin",
+                "--enable-trace", "--otlp-traces-endpoint",
+                f"127.0.0.1:{col.port}")) as g:
+            g.wait_ready(2)
+            tid = "5bf92f3577b34da6a3ce929d0e0e4736"
+            r = g.post("/generate", {"text": "hello world",
+                                     "sampling_params": {"max_new_tokens": 2}},
+                       headers={"traceparent":
+                                f"00-{tid}-00f067aa0ba902b7-01"})
+            assert r.status == 200, r
+            util.wait_for(lambda: len(col.of_trace(tid)) >= 4, timeout=15,
+                          what="the PD request's spans")
+            spans = col.of_trace(tid)
+            (req,) = [s for s in spans if s["kind"] == 2]
+            (route,) = [s for s in spans if s["kind"] == 1]
+            legs = {s["attrs"]["smg.worker_type"]: s
+                    for s in spans if s["kind"] == 3}
+            assert sorted(legs) == ["decode", "prefill"]
+            assert req["parent"] == "00f067aa0ba902b7"
+            assert route["parent"] == req["span"]
+            assert all(s["parent"] == req["span"] for s in legs.values())
+            assert legs["prefill"]["attrs"]["smg.worker.url"] == \
+                prefill[0].url
+            assert legs["decode"]["attrs"]["smg.worker.url"] == decode[0].url
+            assert legs["prefill"]["span"] != legs["decode"]["span"]
+            assert route["attrs"]["smg.worker.url"] == \
+                f"{prefill[0].url},{decode[0].url}"
+    finally:
+        col.stop()
+        _stop(*prefill, *decode)
