@@ -222,8 +222,10 @@ trace_request_end(void *arg)
 	                          sizeof(rx->rc_parent_bin)) != 0;
 	otlp_span_str(&sp, "http.request.method", stats_method_label(hr));
 	otlp_span_str(&sp, "url.path", hr->hr_path);
-	otlp_span_int(&sp, "http.response.status_code",
-	    status != 0 ? status : 500);
+	if (status != 0)
+		otlp_span_int(&sp, "http.response.status_code", status);
+	else
+		otlp_span_str(&sp, "error.type", "aborted"); /* client gone */
 	if (rx->rc_model[0] != '\0')
 		otlp_span_str(&sp, "gen_ai.request.model", rx->rc_model);
 	if (rx->rc_tenant[0] != '\0')
