@@ -393,6 +393,12 @@ conn_kind(const struct conn *c)
 	return c->c_kind;
 }
 
+int
+conn_status(const struct conn *c)
+{
+	return c->c_status;
+}
+
 /* Writes what it can; 0 when all is written or must wait, -1 on error. */
 static int
 conn_write(struct conn *c)

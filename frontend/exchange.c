@@ -12,6 +12,7 @@
 
 #include "frontend/frontend.h"
 #include "shared/log.h"
+#include "shared/url.h"
 
 static void exchange_decided(void *, const struct decision *);
 static void exchange_backoff_cb(struct ev_loop *, ev_timer *, int);
@@ -23,6 +24,10 @@ static void exchange_count(struct exchange *, bool, const char *);
 static void exchange_stream_arm(struct exchange *, struct exchange_leg *, long);
 static void exchange_prefill_estimate(struct exchange *, struct exchange_leg *);
 static void exchange_release_pending(struct exchange_leg *);
+static void exchange_trace_decision(struct exchange *,
+    const struct exchange_leg *);
+static void exchange_trace_attempt(struct exchange *, struct exchange_leg *,
+    int, bool);
 
 /* Whether a leg's worker prefills the prompt (not a decode or encode
  * leg): only those carry live prefill load. */
@@ -91,6 +96,8 @@ exchange_route(struct exchange *ex)
 	unsigned i;
 
 	ex->ex_undecided = ex->ex_nlegs;
+	if (trace_recording(ex->ex_rx))
+		ex->ex_route_ns = otlp_now_ns();
 	for (i = 0; i < ex->ex_nlegs; i++) {
 		xl = &ex->ex_legs[i];
 		xl->xl_decided = false;
@@ -103,6 +110,20 @@ exchange_route(struct exchange *ex)
 		xl->xl_di.di_arg = xl;
 		decide_submit(&xl->xl_di);
 	}
+}
+
+int
+exchange_admit(struct exchange *ex)
+{
+	char msg[FE_MSG_MAX];
+	int retry;
+
+	if (tenant_charge(ex->ex_rx, ex->ex_in->ei_model, ex->ex_prompt_tokens,
+	        &retry, msg, sizeof(msg)))
+		return 0;
+	stats_add("smg_http_rate_limit_total", "result=\"rejected\"", 1);
+	exchange_fail(ex, 429, "tenant_rate_limited", msg, retry);
+	return -1;
 }
 
 bool
@@ -179,6 +200,12 @@ exchange_decided(void *arg, const struct decision *d)
 	for (i = 0; i < ex->ex_nlegs && bad == NULL; i++)
 		if (!ex->ex_legs[i].xl_d.dc_ok)
 			bad = &ex->ex_legs[i];
+	/* The model label: the decode leg's in PD, else the only leg's. */
+	md = &ex->ex_legs[ex->ex_nlegs > 1 ? 1 : 0].xl_d;
+	if (md->dc_model[0] != '\0')
+		snprintf(ex->ex_model, sizeof(ex->ex_model), "%s",
+		    md->dc_model);
+	exchange_trace_decision(ex, bad);
 	if (bad != NULL) {
 		d = &bad->xl_d;
 		if (!d->dc_terminal && exchange_can_retry(ex, d->dc_status)) {
@@ -194,10 +221,6 @@ exchange_decided(void *arg, const struct decision *d)
 		    (int)d->dc_retry_after);
 		return;
 	}
-	/* The model label: the decode leg's in PD, else the only leg's. */
-	md = &ex->ex_legs[ex->ex_nlegs > 1 ? 1 : 0].xl_d;
-	snprintf(ex->ex_model, sizeof(ex->ex_model), "%s",
-	    md->dc_model[0] != '\0' ? md->dc_model : "unknown");
 	for (i = 0; i < ex->ex_nlegs; i++) {
 		d = &ex->ex_legs[i].xl_d;
 		/* The broker counts its own selections; count local ones. */
@@ -233,6 +256,8 @@ exchange_dispatch(struct exchange *ex, unsigned i, struct upstream_req *up)
 	}
 	xl->xl_up = up;
 	xl->xl_sent = ev_now(fe->fe_loop);
+	if (xl->xl_traceparent[0] != '\0')
+		xl->xl_start_ns = otlp_now_ns();
 	xl->xl_first_byte = false;
 	xl->xl_ttfb = 0;
 	/* A stream's first byte is its first token: it has a deadline of its
@@ -417,6 +442,7 @@ exchange_end(struct exchange *ex, unsigned i, int status, bool transport,
 		xl->xl_inflight = false;
 		exchange_release_pending(xl);
 		shm_inflight_dec(fe->fe_shm, fe->fe_row, xl->xl_d.dc_slot);
+		exchange_trace_attempt(ex, xl, status, transport);
 	}
 	if (xl->xl_outcome_due) {
 		xl->xl_outcome_due = false;
@@ -651,4 +677,99 @@ exchange_cleanup(void *arg)
 		decide_cancel(&ex->ex_legs[i].xl_di);
 	/* Ended without a result (client gone): only the keys' end. */
 	exchange_end_all(ex, 0, NULL, true);
+}
+
+/*
+ * The routing decision's span (trace.c): every leg decided, bad the leg
+ * without a worker (NULL: all have one). On success each leg gets its
+ * attempt's span id, the parent its worker will see.
+ */
+static void
+exchange_trace_decision(struct exchange *ex, const struct exchange_leg *bad)
+{
+	char urls[OTLP_STR_MAX], policies[OTLP_STR_MAX];
+	struct exchange_leg *xl;
+	struct otlp_span sp;
+	bool fallback = false;
+	size_t ul = 0, pl = 0;
+	unsigned i;
+	int n;
+
+	for (i = 0; i < ex->ex_nlegs; i++)
+		ex->ex_legs[i].xl_traceparent[0] = '\0';
+	if (!trace_recording(ex->ex_rx))
+		return;
+	snprintf(ex->ex_rx->rc_model, sizeof(ex->ex_rx->rc_model), "%s",
+	    ex->ex_model);
+	trace_span_begin(ex->ex_rx, &sp, NULL, "smg.route", OTLP_KIND_INTERNAL,
+	    ex->ex_route_ns);
+	urls[0] = policies[0] = '\0';
+	for (i = 0; i < ex->ex_nlegs; i++) {
+		xl = &ex->ex_legs[i];
+		fallback |= xl->xl_d.dc_fallback;
+		n = snprintf(urls + ul, sizeof(urls) - ul, "%s%s",
+		    i > 0 ? "," : "", xl->xl_d.dc_ok ? xl->xl_d.dc_url : "");
+		ul = n > 0 && ul + (size_t)n < sizeof(urls) ? ul + (size_t)n
+		                                            : ul;
+		n = snprintf(policies + pl, sizeof(policies) - pl, "%s%s",
+		    i > 0 ? "," : "", xl->xl_d.dc_policy);
+		pl = n > 0 && pl + (size_t)n < sizeof(policies) ? pl + (size_t)n
+		                                                : pl;
+		if (bad == NULL)
+			trace_child(ex->ex_rx, xl->xl_span_id,
+			    xl->xl_traceparent);
+	}
+	otlp_span_int(&sp, "smg.attempt", ex->ex_attempt);
+	otlp_span_str(&sp, "smg.policy", policies);
+	otlp_span_str(&sp, "gen_ai.request.model", ex->ex_model);
+	otlp_span_bool(&sp, "smg.fallback", fallback);
+	if (bad == NULL)
+		otlp_span_str(&sp, "smg.worker.url", urls);
+	else {
+		otlp_span_int(&sp, "http.response.status_code",
+		    bad->xl_d.dc_status);
+		otlp_span_str(&sp, "error.type", bad->xl_d.dc_code);
+	}
+	trace_span_end(&sp, bad != NULL);
+}
+
+/*
+ * Leg xl's attempt ended (it was sent): its client span, under the
+ * request's, with the id its worker got as parent.
+ */
+static void
+exchange_trace_attempt(struct exchange *ex, struct exchange_leg *xl, int status,
+    bool transport)
+{
+	const struct http_request *hr;
+	struct otlp_span sp;
+	char name[OTLP_NAME_MAX];
+	struct url u;
+
+	if (xl->xl_traceparent[0] == '\0' || !trace_recording(ex->ex_rx))
+		return;
+	hr = ex->ex_rx->rc_hr;
+	snprintf(name, sizeof(name), "%s %s", stats_method_label(hr),
+	    stats_path_label(hr->hr_path));
+	trace_span_begin(ex->ex_rx, &sp, xl->xl_span_id, name, OTLP_KIND_CLIENT,
+	    xl->xl_start_ns);
+	otlp_span_str(&sp, "http.request.method", stats_method_label(hr));
+	otlp_span_str(&sp, "url.path", hr->hr_path);
+	if (url_parse(xl->xl_d.dc_url, &u) == 0) {
+		otlp_span_str(&sp, "server.address", u.u_host);
+		otlp_span_int(&sp, "server.port", u.u_port);
+	}
+	otlp_span_str(&sp, "smg.worker.url", xl->xl_d.dc_url);
+	otlp_span_str(&sp, "smg.worker_type", xl->xl_name);
+	otlp_span_int(&sp, "smg.attempt", ex->ex_attempt);
+	if (ex->ex_attempt > 0)
+		otlp_span_int(&sp, "http.request.resend_count", ex->ex_attempt);
+	otlp_span_str(&sp, "gen_ai.request.model", ex->ex_model);
+	if (transport)
+		otlp_span_str(&sp, "error.type", "transport");
+	else
+		otlp_span_int(&sp, "http.response.status_code", status);
+	trace_span_end(&sp, transport || status >= 500);
+	/* One span per attempt: a later end of this leg adds none. */
+	xl->xl_traceparent[0] = '\0';
 }

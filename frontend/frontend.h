@@ -24,6 +24,7 @@
 #include "shared/config.h"
 #include "shared/http.h"
 #include "shared/metrics.h"
+#include "shared/otlp.h"
 #include "shared/shm.h"
 
 #define FE_IN_BUF            16384 /* client read buffer per connection */
@@ -160,6 +161,8 @@ void conn_set_close(struct conn *c);
 /* The client's HTTP minor version (chunked responses need 1). */
 unsigned conn_http_minor(const struct conn *c);
 enum listener_kind conn_kind(const struct conn *c);
+/* The status of the response written for the current request, 0 none. */
+int conn_status(const struct conn *c);
 /*
  * Counts delta more (or fewer) bytes held for the current request in the
  * frontend's --max-buffered-bytes-total (request bodies are counted by
@@ -232,7 +235,8 @@ bool hdr_is_looped(const struct http_request *req);
  * <worker_api_key>" formatted into authbuf when the worker has a key, else
  * the client's own unless the gateway authenticated it with a credential
  * of its own: JWT, tenant or control-plane key), the request's traceparent
- * and tracestate from its reqctx (trace.c) in place of the client's, via
+ * (traceparent when not NULL: an attempt's, trace.c) and tracestate from
+ * its reqctx in place of the client's, via
  * (the client's Via list plus "1.1 <hdr_via_token()>", once hdr_init ran),
  * x-request-id and content-type: application/json when json_body. Pointers
  * borrow req, request_id and authbuf; the via value lives in hdr.c until the
@@ -240,8 +244,9 @@ bool hdr_is_looped(const struct http_request *req);
  * again. Returns the count written to out (at most max).
  */
 size_t hdr_upstream(const struct http_request *req, const struct reqctx *rx,
-    const char *request_id, const char *worker_api_key, bool json_body,
-    char *authbuf, size_t authlen, struct upstream_header *out, size_t max);
+    const char *traceparent, const char *request_id, const char *worker_api_key,
+    bool json_body, char *authbuf, size_t authlen, struct upstream_header *out,
+    size_t max);
 
 /*
  * Appends the relayed response head: status line, the worker's headers
@@ -474,6 +479,7 @@ enum reqctx_method {
 
 struct reqctx {
 	const struct http_request *rc_hr;
+	struct conn *rc_conn;
 	enum reqctx_method rc_method;
 	bool rc_admin;
 	char rc_principal[128]; /* key id, tenant id, JWT subject */
@@ -481,6 +487,16 @@ struct reqctx {
 	char rc_traceparent[REQCTX_TRACE_MAX]; /* ours, sent to workers */
 	char rc_trace_id[33];
 	char rc_tracestate[REQCTX_STATE_MAX]; /* "" none */
+	/* Spans (--enable-trace, trace.c): the request's span, its parent
+	 * (the client's span, zero for a new trace), when it started. */
+	bool rc_recording;
+	uint8_t rc_trace_bin[16];
+	uint8_t rc_span_bin[8];
+	uint8_t rc_parent_bin[8];
+	uint8_t rc_flags;
+	uint64_t rc_start_ns;
+	char rc_model[SHM_MODEL_MAX]; /* as routed, "" before */
+	char rc_request_id[OTLP_STR_MAX]; /* recording only */
 	LIST_ENTRY(reqctx) rc_link;
 };
 
@@ -542,6 +558,17 @@ void auth_jwt_counts(uint64_t *verified, uint64_t *cached);
  */
 void tenant_init(void);
 bool tenant_take(const struct reqctx *rx, int *retry_after_secs);
+/*
+ * The rest of rx's tenant limits, once the request's model and prompt
+ * tokens are known (before its first routing): the tenant's
+ * tokens_per_minute and the model rule matching model (NULL: none), its
+ * requests and tokens. All or nothing: refused, nothing stays taken,
+ * the request taken by tenant_take included; why gets the message and
+ * *retry_after_secs when to come back (0: never fits, more tokens than a
+ * minute allows).
+ */
+bool tenant_charge(const struct reqctx *rx, const char *model, uint64_t tokens,
+    int *retry_after_secs, char *why, size_t whylen);
 /* The bounded metric label of a tenant key: itself if configured. */
 const char *tenant_label(const char *tenant);
 
@@ -561,12 +588,40 @@ char *cors_lines(struct conn *c, const struct http_request *hr);
 /* ---------------------------------------------------------- trace.c */
 
 /*
+ * With --enable-trace: this frontend's span exporter (OTLP/HTTP to
+ * --otlp-traces-endpoint, shared/otlp.c). Without it, no-ops.
+ */
+void trace_init(void);
+void trace_shutdown(void);
+/*
  * W3C trace context: the client's traceparent (version 00, valid ids)
  * continued, else a new trace started; rx gets the traceparent sent to
  * workers (same trace id, the gateway's span as parent) and the client's
- * tracestate.
+ * tracestate. With --enable-trace a sampled request (the client's flag,
+ * or a trace started here) records its server span, ended with the
+ * answered status when c's request ends.
  */
-void trace_start(const struct http_request *hr, struct reqctx *rx);
+void trace_start(struct conn *c, const struct http_request *hr,
+    struct reqctx *rx, const char *request_id);
+/* Whether rx's request records spans (NULL: no). */
+bool trace_recording(const struct reqctx *rx);
+/*
+ * A new span id of rx's trace, and the traceparent (REQCTX_TRACE_MAX)
+ * that makes it the parent of a worker's spans.
+ */
+void trace_child(const struct reqctx *rx, uint8_t span_id[8],
+    char *traceparent);
+/*
+ * Starts a span of rx's request in sp: span_id (NULL: a new one), the
+ * request's span as parent, name, kind, started at start_ns (Unix ns).
+ * The caller adds attributes (otlp_span_*) and hands it to
+ * trace_span_end, which stamps the end and queues it for export
+ * (dropped and counted when the queue is full; never blocks).
+ */
+void trace_span_begin(const struct reqctx *rx, struct otlp_span *sp,
+    const uint8_t *span_id, const char *name, enum otlp_kind kind,
+    uint64_t start_ns);
+void trace_span_end(struct otlp_span *sp, bool error);
 
 /* ---------------------------------------------------------- admission.c */
 
@@ -644,6 +699,10 @@ struct exchange_leg {
 	bool xl_client_paused; /* ... because the client lags */
 	uint32_t xl_exclude[FE_MAX_EXCLUDE];
 	size_t xl_nexclude;
+	/* The attempt's span (trace.c): the worker's parent. */
+	uint8_t xl_span_id[8];
+	char xl_traceparent[REQCTX_TRACE_MAX]; /* "" none: the request's */
+	uint64_t xl_start_ns;
 };
 
 /*
@@ -676,6 +735,8 @@ struct exchange {
 	uint64_t ex_prompt_tokens; /* estimated, for live load */
 	char ex_model[SHM_MODEL_MAX]; /* metric label */
 	ev_tstamp ex_start;
+	struct reqctx *ex_rx; /* trace context, NULL none */
+	uint64_t ex_route_ns; /* the routing decision's span start */
 	ev_timer ex_backoff;
 	struct exchange_leg ex_legs[EXCHANGE_MAX_LEGS];
 };
@@ -692,6 +753,13 @@ struct exchange *exchange_new(struct conn *c, const struct extract_inputs *in,
 /* One given worker (gateway-local relays): no decision, no retry. */
 void exchange_fix(struct exchange *ex, unsigned slot,
     const struct shm_worker *w);
+/*
+ * The tenant's token and model-rule limits (tenant_charge) for the
+ * request's model and ex_prompt_tokens, before the first exchange_route:
+ * 0, or -1 when refused: answered 429 tenant_rate_limited, and the
+ * caller returns without touching the request.
+ */
+int exchange_admit(struct exchange *ex);
 /* Asks for a worker for every leg (one batch); xo_routed or a retry or
  * xo_failed follows, never inside this call. */
 void exchange_route(struct exchange *ex);

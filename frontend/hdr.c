@@ -217,8 +217,9 @@ hdr_via_value(const struct http_request *req, char *buf, size_t len)
 
 size_t
 hdr_upstream(const struct http_request *req, const struct reqctx *rx,
-    const char *request_id, const char *worker_api_key, bool json_body,
-    char *authbuf, size_t authlen, struct upstream_header *out, size_t max)
+    const char *traceparent, const char *request_id, const char *worker_api_key,
+    bool json_body, char *authbuf, size_t authlen, struct upstream_header *out,
+    size_t max)
 {
 	size_t i, n = 0, vlen;
 	/* A worker with a key of its own gets that key, never the client's
@@ -274,10 +275,12 @@ hdr_upstream(const struct http_request *req, const struct reqctx *rx,
 		n++;
 	}
 	if (rx != NULL && rx->rc_traceparent[0] != '\0' && n < max) {
+		if (traceparent == NULL || traceparent[0] == '\0')
+			traceparent = rx->rc_traceparent;
 		out[n].uh_name = "traceparent";
 		out[n].uh_name_len = strlen("traceparent");
-		out[n].uh_value = rx->rc_traceparent;
-		out[n].uh_value_len = strlen(rx->rc_traceparent);
+		out[n].uh_value = traceparent;
+		out[n].uh_value_len = strlen(traceparent);
 		n++;
 		if (rx->rc_tracestate[0] != '\0' && n < max) {
 			out[n].uh_name = "tracestate";

@@ -93,12 +93,12 @@ test_upstream_client_auth(void **state)
 	          "X-Request-Id-Span: s1\r\nX-SMG-Routing-Key: k\r\n"
 	          "Content-Type: text/plain\r\nContent-Length: 2\r\n\r\n{}",
 	    &req);
-	n = hdr_upstream(req, NULL, "gnt-123", "workerkey", true, auth,
+	n = hdr_upstream(req, NULL, NULL, "gnt-123", "workerkey", true, auth,
 	    sizeof(auth), h, HDR_UPSTREAM_MAX);
 	/* The worker's own key wins; the client's is not passed on. */
 	assert_true(value_is(find(h, n, "authorization"), "Bearer workerkey"));
-	n = hdr_upstream(req, NULL, "gnt-123", "", true, auth, sizeof(auth), h,
-	    HDR_UPSTREAM_MAX);
+	n = hdr_upstream(req, NULL, NULL, "gnt-123", "", true, auth,
+	    sizeof(auth), h, HDR_UPSTREAM_MAX);
 	assert_true(value_is(find(h, n, "authorization"), "Bearer client"));
 	assert_true(value_is(find(h, n, "x-request-id"), "gnt-123"));
 	assert_true(value_is(find(h, n, "traceparent"), "00-aa-bb-01"));
@@ -124,13 +124,13 @@ test_upstream_worker_key(void **state)
 
 	(void)state;
 	r = parse("GET /get_model_info HTTP/1.1\r\nHost: gw\r\n\r\n", &req);
-	n = hdr_upstream(req, NULL, "req-1", "sekret", false, auth,
+	n = hdr_upstream(req, NULL, NULL, "req-1", "sekret", false, auth,
 	    sizeof(auth), h, HDR_UPSTREAM_MAX);
 	assert_true(value_is(find(h, n, "authorization"), "Bearer sekret"));
 	assert_null(find(h, n, "content-type"));
 	assert_int_equal(n, 2);
-	n = hdr_upstream(req, NULL, "req-1", "", false, auth, sizeof(auth), h,
-	    HDR_UPSTREAM_MAX);
+	n = hdr_upstream(req, NULL, NULL, "req-1", "", false, auth,
+	    sizeof(auth), h, HDR_UPSTREAM_MAX);
 	assert_null(find(h, n, "authorization"));
 	assert_int_equal(n, 1);
 	http_reader_free(r);
@@ -170,7 +170,7 @@ test_via_loop(void **state)
 	          "Content-Length: 2\r\n\r\n{}",
 	    &req);
 	assert_false(hdr_is_looped(req));
-	n = hdr_upstream(req, NULL, "id", "", true, auth, sizeof(auth), h,
+	n = hdr_upstream(req, NULL, NULL, "id", "", true, auth, sizeof(auth), h,
 	    HDR_UPSTREAM_MAX);
 	assert_non_null(v = find(h, n, "via"));
 	assert_true(value_is(v, ours));
@@ -183,8 +183,8 @@ test_via_loop(void **state)
 	    other);
 	r = parse(raw, &req);
 	assert_false(hdr_is_looped(req));
-	n = hdr_upstream(req, NULL, "id", "", false, auth, sizeof(auth), h,
-	    HDR_UPSTREAM_MAX);
+	n = hdr_upstream(req, NULL, NULL, "id", "", false, auth, sizeof(auth),
+	    h, HDR_UPSTREAM_MAX);
 	snprintf(raw, sizeof(raw),
 	    "1.0 fred, 1.1 %s, HTTP/1.1 p3 (comment), %s", other, ours);
 	assert_true(value_is(find(h, n, "via"), raw));

@@ -148,6 +148,7 @@ main(int argc, char *argv[])
 	hdr_init(&cf);
 	auth_init();
 	tenant_init();
+	trace_init();
 	/* Routing text and parse tree only for who reads them. */
 	extract_set_lean(!policy_info_of(cf.cf_policy)->pi_needs_text &&
 	        cf.cf_policy != POLICY_PREFIX_HASH &&
@@ -249,6 +250,7 @@ main(int argc, char *argv[])
 	auth_shutdown();
 	hostsync_shutdown();
 	decide_shutdown();
+	trace_shutdown();
 	ipc_client_free(fe->fe_broker);
 	tls_ctx_free(fe->fe_broker_tls);
 	upstream_free(fe->fe_up);

@@ -664,6 +664,7 @@ pd_start(struct conn *c, const struct http_request *hr,
 	}
 	rq->pr_conn = c;
 	rq->pr_hr = hr;
+	rq->pr_ex->ex_rx = reqctx_get(c, hr);
 	rq->pr_nlegs = nlegs;
 	snprintf(rq->pr_id, sizeof(rq->pr_id), "%s", request_id);
 	for (i = 0; i < PD_NLEGS; i++) {
@@ -711,6 +712,8 @@ pd_start(struct conn *c, const struct http_request *hr,
 			rq->pr_in.ei_model = m;
 		}
 	}
+	if (exchange_admit(rq->pr_ex) == -1)
+		return;
 	exchange_route(rq->pr_ex);
 }
 
@@ -759,7 +762,8 @@ pd_dispatch(void *arg)
 		lg->lg_err = UPSTREAM_OK;
 		lg->lg_len = 0;
 		lg->lg_overflow = false;
-		n = hdr_upstream(rq->pr_hr, reqctx_find(rq->pr_hr), rq->pr_id,
+		n = hdr_upstream(rq->pr_hr, reqctx_find(rq->pr_hr),
+		    lg->lg_x->xl_traceparent, rq->pr_id,
 		    lg->lg_x->xl_d.dc_api_key, true, auth, sizeof(auth), hdrs,
 		    HDR_UPSTREAM_MAX);
 		if (exchange_dispatch(rq->pr_ex, i,
@@ -1324,9 +1328,9 @@ ph_decided(void *arg, const struct decision *d)
 		return;
 	}
 	for (i = 0; i < 2; i++) {
-		n = hdr_upstream(ph->ph_hr, reqctx_find(ph->ph_hr), ph->ph_id,
-		    ph->ph_d[i].dc_api_key, false, auth, sizeof(auth), hdrs,
-		    HDR_UPSTREAM_MAX);
+		n = hdr_upstream(ph->ph_hr, reqctx_find(ph->ph_hr), NULL,
+		    ph->ph_id, ph->ph_d[i].dc_api_key, false, auth,
+		    sizeof(auth), hdrs, HDR_UPSTREAM_MAX);
 		ph->ph_up[i] = upstream_request(fe->fe_up,
 		    pd_send_url(ph->ph_d[i].dc_url, url, sizeof(url)), "GET",
 		    "/health_generate", hdrs, n, NULL, 0, &ph_cbs,

@@ -108,6 +108,7 @@ proxy_new(struct conn *c, const struct http_request *hr,
 	}
 	rq->rq_conn = c;
 	rq->rq_hr = hr;
+	rq->rq_ex->ex_rx = reqctx_get(c, hr);
 	snprintf(rq->rq_id, sizeof(rq->rq_id), "%s", request_id);
 	/* The router bounds the target below PROXY_PATH_MAX. */
 	snprintf(rq->rq_path, sizeof(rq->rq_path), "%s%s%s", hr->hr_path,
@@ -176,6 +177,8 @@ proxy_start(struct conn *c, const struct http_request *hr,
 		    0);
 		return;
 	}
+	if (exchange_admit(rq->rq_ex) == -1)
+		return;
 	exchange_route(rq->rq_ex);
 }
 
@@ -295,8 +298,9 @@ proxy_headers(struct req *rq, const struct decision *d, bool body, char *auth,
 	const struct http_header *ct;
 	size_t n;
 
-	n = hdr_upstream(rq->rq_hr, reqctx_find(rq->rq_hr), rq->rq_id,
-	    d->dc_api_key, body && !multipart, auth, alen, h, HDR_UPSTREAM_MAX);
+	n = hdr_upstream(rq->rq_hr, reqctx_find(rq->rq_hr),
+	    rq->rq_ex->ex_legs[0].xl_traceparent, rq->rq_id, d->dc_api_key,
+	    body && !multipart, auth, alen, h, HDR_UPSTREAM_MAX);
 	if (multipart && n < HDR_UPSTREAM_MAX &&
 	    (ct = http_request_header(rq->rq_hr, "content-type")) != NULL) {
 		h[n].uh_name = "content-type";
@@ -665,6 +669,8 @@ proxy_start_stream(struct req *rq)
 		return;
 	}
 	stats_add("smg_router_streamed_request_bodies_total", "", 1);
+	if (exchange_admit(rq->rq_ex) == -1)
+		return;
 	exchange_route(rq->rq_ex);
 }
 

@@ -47,6 +47,7 @@ reqctx_get(struct conn *c, const struct http_request *hr)
 	if (conn_on_end(c, reqctx_end, rx) == -1)
 		return NULL;
 	rx->rc_hr = hr;
+	rx->rc_conn = c;
 	LIST_INSERT_HEAD(&reqctx_table[reqctx_bucket(hr)], rx, rc_link);
 	return rx;
 }

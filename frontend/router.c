@@ -233,7 +233,7 @@ router_dispatch(struct conn *c, const struct http_request *hr,
 		conn_error(c, 503, "out_of_memory", "Out of memory", id, 0);
 		return;
 	}
-	trace_start(hr, rx);
+	trace_start(c, hr, rx, id);
 	http_out_extra(conn_out(c), cors_lines(c, hr));
 	if (hdr_is_looped(hr)) {
 		conn_error(c, 508, "loop_detected",

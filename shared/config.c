@@ -7,6 +7,7 @@
  * the cross-flag startup rules of gateway.md §2 and policies.md §14.
  */
 #include "shared/config.h"
+#include "shared/otlp.h"
 #include "shared/url.h"
 #include "shared/urlallow.h"
 
@@ -209,7 +210,6 @@ _Static_assert(offsetof(struct config, cf_argv) == 0, "cf_argv first");
 #define SUB_WEBRTC   "WebRTC"
 #define SUB_PRIORITY "the priority scheduler"
 #define SUB_RUNTIME  "a thread runtime (smg-c runs processes: --frontends)"
-#define SUB_TRACE    "tracing"
 
 static const char *const config_history_backends[] = { "memory", "none",
 	"oracle", "postgres", "redis", NULL };
@@ -574,6 +574,11 @@ static const struct config_key config_keys[] = {
 	    "directory of log files (<role>.log; reopened on SIGUSR1)"),
 	SWITCH("no-access-log", NULL, 0, cf_no_access_log,
 	    "no per-request access line at info level (smg-c)"),
+	SWITCH("enable-trace", NULL, 0, cf_enable_trace,
+	    "OpenTelemetry spans exported to --otlp-traces-endpoint"),
+	STRV("otlp-traces-endpoint", NULL, cf_otlp_traces_endpoint,
+	    "localhost:4317", KC_NONE, "URL",
+	    "OTLP/HTTP collector (host:port or URL; /v1/traces added)"),
 	SWITCH("service-discovery", NULL, 0, cf_service_discovery,
 	    "Kubernetes discovery (turns on --enable-igw)"),
 	LISTV("selector", NULL, cf_selector, NULL, KC_SELECTOR, 0, "K=V...",
@@ -726,10 +731,6 @@ static const struct config_key config_keys[] = {
 	    SUB_PRIORITY, "PATH", "priority scheduler"),
 	ACCEPTL("priority-scheduler-tenant-metric-top-n", 0, U32_MAX_L,
 	    KCOMPAT_ABSENT, SUB_PRIORITY, "priority scheduler"),
-	ACCEPT("enable-trace", CV_SWITCH, KCOMPAT_PENDING, SUB_TRACE, NULL,
-	    "OpenTelemetry tracing"),
-	ACCEPT("otlp-traces-endpoint", CV_STRING, KCOMPAT_PENDING, SUB_TRACE,
-	    "HOST:PORT", "OpenTelemetry collector"),
 };
 
 #define CONFIG_NKEYS (sizeof(config_keys) / sizeof(config_keys[0]))
@@ -1959,7 +1960,7 @@ static int
 check_auth(struct config *cf, char *err, size_t errlen)
 {
 	const char *env, *p, *q, *f[3];
-	char *dup, *tok, *save;
+	char *dup, *tok, *save, base[512], path[512], why[160];
 	size_t i, k;
 
 	env = getenv("CONTROL_PLANE_API_KEYS");
@@ -2026,6 +2027,10 @@ check_auth(struct config *cf, char *err, size_t errlen)
 		return cfg_err(err, errlen,
 		    "--tenant-rate-limit-enabled needs "
 		    "--tenant-rate-limit-config");
+	if (cf->cf_enable_trace &&
+	    otlp_endpoint(cf->cf_otlp_traces_endpoint, base, sizeof(base), path,
+	        sizeof(path), why, sizeof(why)) == -1)
+		return cfg_err(err, errlen, "--otlp-traces-endpoint: %s", why);
 	return 0;
 }
 

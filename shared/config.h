@@ -210,6 +210,8 @@ struct config {
 	bool cf_log_json;
 	char *cf_log_dir;
 	bool cf_no_access_log; /* smg-c: no access line per request */
+	bool cf_enable_trace;
+	char *cf_otlp_traces_endpoint; /* "localhost:4317" */
 	bool cf_service_discovery;
 	char **cf_selector; /* key=value each */
 	size_t cf_selector_n;

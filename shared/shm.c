@@ -778,6 +778,52 @@ shm_rate_take(struct shm *shm, double rate, double burst, uint64_t now_us,
 	    wait_us);
 }
 
+bool
+shm_tenant_take_cost(struct shm *shm, unsigned slot, double rate, double burst,
+    double cost, uint64_t now_us, uint64_t *wait_us)
+{
+	_Atomic int64_t *p;
+	int64_t tat, next, now = (int64_t)now_us, inc, room;
+
+	if (rate <= 0 || cost <= 0)
+		return true;
+	if (cost > burst) {
+		if (wait_us != NULL)
+			*wait_us = UINT64_MAX;
+		return false;
+	}
+	if (slot >= SHM_MAX_TENANTS)
+		slot = SHM_MAX_TENANTS - 1;
+	p = &shm->sm_seg->sh_tenant_tat_us[slot];
+	/* GCRA in time units: cost units push the arrival time by
+	 * cost / rate seconds; at most burst / rate seconds ahead. */
+	inc = (int64_t)(cost * 1e6 / rate);
+	room = (int64_t)(burst * 1e6 / rate);
+	tat = atomic_load_explicit(p, memory_order_relaxed);
+	for (;;) {
+		next = (tat > now ? tat : now) + inc;
+		if (next - now > room) {
+			if (wait_us != NULL)
+				*wait_us = (uint64_t)(next - now - room);
+			return false;
+		}
+		if (atomic_compare_exchange_weak_explicit(p, &tat, next,
+		        memory_order_acq_rel, memory_order_relaxed))
+			return true;
+	}
+}
+
+void
+shm_tenant_give(struct shm *shm, unsigned slot, double rate, double cost)
+{
+	if (rate <= 0 || cost <= 0)
+		return;
+	if (slot >= SHM_MAX_TENANTS)
+		slot = SHM_MAX_TENANTS - 1;
+	atomic_fetch_sub_explicit(&shm->sm_seg->sh_tenant_tat_us[slot],
+	    (int64_t)(cost * 1e6 / rate), memory_order_acq_rel);
+}
+
 unsigned
 shm_tenant_slot(struct shm *shm, uint64_t key_hash)
 {

@@ -293,6 +293,17 @@ unsigned shm_tenant_slot(struct shm *shm, uint64_t key_hash);
 /* shm_rate_take on the bucket of a tenant slot. */
 bool shm_tenant_rate_take(struct shm *shm, unsigned slot, double rate,
     double burst, uint64_t now_us, uint64_t *wait_us);
+/*
+ * A tenant slot's bucket taken by cost units at once (tokens of a
+ * prompt): rate units per second, up to burst banked. false (bucket
+ * unchanged, *wait_us until cost units are there) when they are not;
+ * a cost over burst never fits (*wait_us then UINT64_MAX).
+ */
+bool shm_tenant_take_cost(struct shm *shm, unsigned slot, double rate,
+    double burst, double cost, uint64_t now_us, uint64_t *wait_us);
+/* Gives back cost units taken from a slot's bucket (rate as taken): a
+ * request refused by a later limit does not keep what it took. */
+void shm_tenant_give(struct shm *shm, unsigned slot, double rate, double cost);
 /* The JWKS refresh wish: frontends bump it, its fetcher watches it. */
 void shm_jwks_want(struct shm *shm);
 uint32_t shm_jwks_wanted(struct shm *shm);

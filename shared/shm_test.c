@@ -295,6 +295,42 @@ test_inflight(void **state)
 	shm_close(shm);
 }
 
+/* Token buckets: cost at once, nothing over the burst, refunds. */
+static void
+test_tenant_cost(void **state)
+{
+	struct fixture *fx = *state;
+	uint64_t wait = 0, now = 1000000000ull;
+	struct shm *shm;
+	unsigned slot;
+
+	shm = shm_open_segment(fx->fx_run);
+	assert_non_null(shm);
+	slot = shm_tenant_slot(shm, 42);
+	/* 100 units per second, 1000 banked. */
+	assert_true(
+	    shm_tenant_take_cost(shm, slot, 100, 1000, 600, now, &wait));
+	assert_true(
+	    shm_tenant_take_cost(shm, slot, 100, 1000, 400, now, &wait));
+	assert_false(
+	    shm_tenant_take_cost(shm, slot, 100, 1000, 50, now, &wait));
+	assert_int_equal(wait, 500000); /* 50 units at 100/s */
+	/* Half a second later 50 are back. */
+	assert_true(shm_tenant_take_cost(shm, slot, 100, 1000, 50, now + 500000,
+	    &wait));
+	assert_false(
+	    shm_tenant_take_cost(shm, slot, 100, 1000, 1, now + 500000, &wait));
+	shm_tenant_give(shm, slot, 100, 50);
+	assert_true(shm_tenant_take_cost(shm, slot, 100, 1000, 50, now + 500000,
+	    &wait));
+	assert_false(shm_tenant_take_cost(shm, slot, 100, 1000, 1001,
+	    now + 100000000, &wait));
+	assert_true(wait == UINT64_MAX);
+	/* Zero cost is always admitted. */
+	assert_true(shm_tenant_take_cost(shm, slot, 100, 1000, 0, now, NULL));
+	shm_close(shm);
+}
+
 static void
 test_pending(void **state)
 {
@@ -598,6 +634,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_admission, setup,
 		    teardown),
 		cmocka_unit_test_setup_teardown(test_rate, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_tenant_cost, setup,
+		    teardown),
 	};
 
 	log_init("shm_test", LOG_LEVEL_WARN);

@@ -194,7 +194,7 @@ WARNED = {
     "oracle-external-auth", "oracle-pool-min", "oracle-pool-max",
     "oracle-pool-timeout-secs", "postgres-db-url", "postgres-pool-max-size",
     "redis-url", "redis-pool-max-size", "redis-retention-days",
-    "enable-trace", "otlp-traces-endpoint", "enable-mesh",
+    "enable-mesh",
     "mesh-server-name", "mesh-host", "mesh-advertise-host", "mesh-port",
     "mesh-peer-urls", "webrtc-bind-addr", "webrtc-stun-server",
     "runtime-worker-threads",
@@ -289,7 +289,7 @@ def test_real_start_with_many_smg_flags(tmp_path):
         assert r.status == 501 and "WASM" in r.body.decode()
         log = g.log()
         for flag in ("chat-template", "redis-url", "enable-mesh",
-                     "enable-trace"):
+                     "enable-wasm"):
             assert log.count(f"--{flag}: accepted") == 1, flag
     finally:
         g.stop()
