@@ -178,13 +178,15 @@ discovery_pod_parse(const cJSON *pod, const struct discovery_rule *r,
 	phase = discovery_str(status, "phase");
 	ip = discovery_str(status, "podIP");
 	conds = cJSON_GetObjectItemCaseSensitive(status, "conditions");
-	cJSON_ArrayForEach(c, cJSON_IsArray(conds) ? conds : NULL)
+	if (!cJSON_IsArray(conds))
+		conds = NULL;
+	cJSON_ArrayForEach(c, conds)
 	{
 		const char *t = discovery_str(c, "type");
-		const char *s = discovery_str(c, "status");
+		const char *cs = discovery_str(c, "status");
 
-		if (t != NULL && s != NULL && strcmp(t, "Ready") == 0)
-			ready = strcmp(s, "True") == 0;
+		if (t != NULL && cs != NULL && strcmp(t, "Ready") == 0)
+			ready = strcmp(cs, "True") == 0;
 	}
 	if (cJSON_GetObjectItemCaseSensitive(meta, "deletionTimestamp") !=
 	        NULL &&
