@@ -1928,7 +1928,8 @@ check_values(struct config *cf, char *err, size_t errlen)
 	return 0;
 }
 
-/* http:// is for a loopback identity provider only (tests, sidecars). */
+/* http:// is for a loopback identity provider or Kubernetes API only
+ * (tests, sidecars, kubectl proxy). */
 static int
 check_idp_url(const char *flag, const char *url, char *err, size_t errlen)
 {
@@ -1945,8 +1946,7 @@ check_idp_url(const char *flag, const char *url, char *err, size_t errlen)
 	    strncmp(host, "[::1]", 5) == 0)
 		return 0;
 	return cfg_err(err, errlen,
-	    "%s: '%s': http:// only for a loopback issuer (use https://)", flag,
-	    url);
+	    "%s: '%s': http:// only on loopback (use https://)", flag, url);
 }
 
 /* Is s "admin" or "user" (any case)? */
@@ -2367,6 +2367,12 @@ config_load_or_exit(struct config *cf, int argc, char *argv[])
 		    "(KUBERNETES_SERVICE_HOST unset: not in a pod; "
 		    "SMG_K8S_API unset)\n",
 		    prog);
+		exit(2);
+	}
+	if (cf->cf_service_discovery && getenv("SMG_K8S_API") != NULL &&
+	    check_idp_url("SMG_K8S_API", getenv("SMG_K8S_API"), err,
+	        sizeof(err)) == -1) {
+		fprintf(stderr, "%s: %s\n", prog, err);
 		exit(2);
 	}
 	if (cf->cf_check_config) {

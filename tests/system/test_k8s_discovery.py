@@ -424,3 +424,28 @@ def test_discovery_pd(tmp_path):
         api.close()
         for p in sims:
             p.stop()
+
+
+def test_discovery_needs_an_api(tmp_path):
+    """Outside a pod and without SMG_K8S_API the gateway refuses to start
+    (rather than serve with no worker ever found); plain http to an API
+    off loopback is refused too."""
+    import subprocess
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("KUBERNETES_SERVICE_HOST", "SMG_K8S_API")}
+    r = subprocess.run([util.binary("smg"), "--service-discovery",
+                        "--selector", "app=x", "--run-dir",
+                        str(tmp_path / "run")],
+                       capture_output=True, text=True, env=env,
+                       timeout=20 * util.TIMEOUT_MULT)
+    assert r.returncode == 2, r
+    assert "no Kubernetes API" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    env["SMG_K8S_API"] = "http://10.0.0.1:8080"
+    r = subprocess.run([util.binary("smg"), "--service-discovery",
+                        "--selector", "app=x", "--run-dir",
+                        str(tmp_path / "run")],
+                       capture_output=True, text=True, env=env,
+                       timeout=20 * util.TIMEOUT_MULT)
+    assert r.returncode == 2, r
+    assert "SMG_K8S_API" in r.stderr and "loopback" in r.stderr, r.stderr
