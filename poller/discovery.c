@@ -631,9 +631,12 @@ discovery_list_done(void *arg, const struct upstream_result *res)
 	free(dw->dw_pods);
 	dw->dw_pods = pods;
 	dw->dw_npods = dw->dw_cap = npods;
+	for (i = 0, k = 0; i < npods; i++)
+		k += pods[i].dp_ready;
 	if (!dw->dw_listed || changed)
-		log_info("%s: %zu %s pods listed (version %s)", __func__, npods,
-		    discovery_role(dw->dw_rule.dr_type), dw->dw_rv);
+		log_info("%s: %zu %s pods listed, %zu ready (version %s)",
+		    __func__, npods, discovery_role(dw->dw_rule.dr_type), k,
+		    dw->dw_rv);
 	dw->dw_listed = true;
 	dw->dw_backoff = DISCOVERY_BACKOFF_MIN;
 	d->d_dirty = d->d_dirty || changed || !d->d_sent;
@@ -935,7 +938,7 @@ discovery_flush(struct discovery *d, uint64_t now_ms)
 	Smg__PollerMsg m = SMG__POLLER_MSG__INIT;
 	Smg__DiscoveredSet set = SMG__DISCOVERED_SET__INIT;
 	Smg__DiscoveredWorker *ws, **wp;
-	size_t n = 0, total = 0, j, k;
+	size_t n = 0, total = 0, over = 0, j, k;
 	unsigned i;
 
 	for (i = 0; i < d->d_nw; i++) {
@@ -956,6 +959,11 @@ discovery_flush(struct discovery *d, uint64_t now_ms)
 
 			if (!pod->dp_ready)
 				continue;
+			/* The worker table holds no more. */
+			if (n == SHM_MAX_WORKERS) {
+				over++;
+				continue;
+			}
 			/* One worker per url: the first role wins. */
 			for (k = 0; k < n; k++)
 				if (strcmp(ws[k].url, pod->dp_url) == 0)
@@ -981,8 +989,10 @@ discovery_flush(struct discovery *d, uint64_t now_ms)
 	m.discovered = &set;
 	if (report_send(d->d_p, &m) == 0) {
 		if (d->d_dirty)
-			log_info("%s: %zu ready pods sent to the broker",
-			    __func__, n);
+			log_info("%s: %zu ready pods sent to the broker%s",
+			    __func__, n,
+			    over > 0 ? " (more than the worker table holds)"
+			             : "");
 		d->d_dirty = false;
 		d->d_sent = true;
 	}

@@ -124,6 +124,13 @@ class FakeK8s:
     def delete(self, name):
         self._change("DELETED", name, None)
 
+    def inject(self, raw):
+        """Sends raw bytes (plus a newline) to every watch: hostile input."""
+        with self.cond:
+            self.rv += 1
+            self.events.append((self.rv, "RAW", None, raw))
+            self.cond.notify_all()
+
     def drop_watches(self):
         """Closes every open watch mid-stream (no terminating chunk)."""
         with self.cond:
@@ -214,12 +221,16 @@ class FakeK8s:
                         if rv <= last:
                             continue
                         last = rv
-                        if matches(new, selector):
+                        if etype == "RAW":
+                            out.append(new)
+                        elif matches(new, selector):
                             out.append({"type": etype, "object": new})
                         elif old is not None and matches(old, selector):
                             out.append({"type": "DELETED", "object": new})
                 for ev in out:
-                    self.chunk(h, json.dumps(ev).encode() + b"\n")
+                    data = ev if isinstance(ev, bytes) else \
+                        json.dumps(ev).encode()
+                    self.chunk(h, data + b"\n")
         except OSError:
             h.close_connection = True
 
@@ -345,6 +356,19 @@ def test_discovery_follows_pods(tmp_path):
             api.delete("c")
             within(lambda: uc not in urls(g), "pod c after 410")
             assert api.gone >= 1
+
+            # Hostile events: garbage is skipped, an endless line (2 MB)
+            # ends the watch with a log line; the next list catches up.
+            api.inject(b"{not json")
+            api.inject(b'{"type":"ADDED","object":{"metadata":{"name":1}}}')
+            api.inject(b"x" * (2 * 1024 * 1024))
+            api.add("c", dict(sel), "127.0.0.4")
+            within(lambda: uc in urls(g), "pod c after hostile events")
+            api.delete("c")
+            within(lambda: uc not in urls(g), "pod c deleted again")
+            log = g.log()
+            assert "unreadable watch event" in log
+            assert "longer than 1048576 bytes" in log
 
             # The poller restarts while a pod goes: its first list
             # reconciles.
