@@ -136,6 +136,7 @@ struct worker {
 	cJSON *wk_spec; /* client's spec without api_key, or NULL */
 	uint32_t wk_order;
 	bool wk_from_cli;
+	bool wk_discovered; /* from a Kubernetes pod (--service-discovery) */
 	bool wk_persist; /* kept in the store (API-added) */
 	enum shm_worker_status wk_status;
 	struct breaker wk_cb;
@@ -233,6 +234,7 @@ struct worker_spec {
 	const cJSON *ws_labels; /* copied */
 	const cJSON *ws_spec; /* copied */
 	bool ws_from_cli;
+	bool ws_discovered; /* never persisted; removed with its pod */
 	bool ws_health_disabled; /* spec health.disable_health_check */
 	int64_t ws_ov_waiting; /* per-worker overload overrides, 0 unset */
 	double ws_ov_token_usage;
@@ -838,6 +840,14 @@ int admin_parse_spec(const char *json, cJSON **root, struct worker_spec *ws,
 
 /* Applies one message of the poller (logged and dropped when stale). */
 void reports_handle(struct broker *br, const Smg__PollerMsg *m);
+/*
+ * A DiscoveredSet from the poller's pod watch: discovered workers it does
+ * not list (or lists with another type or bootstrap port) are removed at
+ * once, listed urls no worker has are added (not persisted, marked
+ * discovered), and a url a worker of the command line or the worker API
+ * already has is left to that worker. Idempotent: the poller re-sends it.
+ */
+void reports_discovered(struct broker *br, const Smg__DiscoveredSet *s);
 /* Re-evaluates the overload flag of w from its latest report. */
 void reports_eval_overload(struct broker *br, struct worker *w);
 
@@ -888,6 +898,7 @@ struct broker {
 	struct worker **br_order; /* registration order */
 	unsigned br_nworkers;
 	uint32_t br_next_order;
+	unsigned br_disc_refused; /* discovered urls not added, last set */
 	struct model_entry **br_models;
 	unsigned br_nmodels;
 	struct shm_worker *br_adopt; /* startup snapshot, NULL after */

@@ -585,6 +585,7 @@ registry_add(struct broker *br, const struct worker_spec *ws, bool persist,
 	if (w->wk_labels == NULL)
 		fatalx("%s: out of memory", __func__);
 	w->wk_from_cli = ws->ws_from_cli;
+	w->wk_discovered = ws->ws_discovered;
 	w->wk_persist = persist;
 	w->wk_health_disabled =
 	    ws->ws_health_disabled || br->br_cf->cf_disable_health_check;

@@ -23,6 +23,8 @@ static void reports_discovery(struct broker *br, const Smg__WorkerDiscovery *d);
 static void reports_health(struct broker *br, const Smg__HealthReport *h);
 static void reports_load(struct broker *br, const Smg__LoadReport *l);
 static void reports_failed(struct broker *br, struct worker *w);
+static const Smg__DiscoveredWorker *reports_listed(const Smg__DiscoveredSet *s,
+    const char *url);
 
 static struct worker *
 reports_worker(struct broker *br, uint32_t slot, uint32_t gen, const char *url,
@@ -200,6 +202,107 @@ reports_load(struct broker *br, const Smg__LoadReport *r)
 	policy_notify_report(br, w);
 }
 
+/* The entry of s for url (normalised as the registry keeps it). */
+static const Smg__DiscoveredWorker *
+reports_listed(const Smg__DiscoveredSet *s, const char *url)
+{
+	char u[SHM_URL_MAX], err[128];
+	size_t i;
+
+	for (i = 0; i < s->n_workers; i++) {
+		if (s->workers[i]->url == NULL ||
+		    registry_normalize_url(s->workers[i]->url, u, sizeof(u),
+		        err, sizeof(err)) == -1)
+			continue;
+		if (strcmp(u, url) == 0)
+			return s->workers[i];
+	}
+	return NULL;
+}
+
+void
+reports_discovered(struct broker *br, const Smg__DiscoveredSet *s)
+{
+	const Smg__DiscoveredWorker *d;
+	struct worker_spec ws;
+	struct worker *w;
+	char url[SHM_URL_MAX], err[128];
+	const char *why;
+	unsigned refused = 0, i;
+	int32_t bp;
+	size_t k;
+
+	/* Removals first: a pod that changed role frees its url for the
+	 * add below. br_order shifts on removal: walk it backwards. */
+	for (i = br->br_nworkers; i-- > 0;) {
+		w = br->br_order[i];
+		if (!w->wk_discovered)
+			continue;
+		d = reports_listed(s, w->wk_url);
+		bp = d != NULL && d->has_bootstrap_port
+		    ? (int32_t)d->bootstrap_port
+		    : -1;
+		if (d != NULL && (int)d->worker_type == w->wk_type &&
+		    bp == w->wk_bootstrap_port)
+			continue;
+		log_info("%s: worker %s: its pod is %s", __func__, w->wk_url,
+		    d == NULL ? "gone or not ready" : "of another role");
+		registry_remove(br, w);
+	}
+	for (k = 0; k < s->n_workers; k++) {
+		d = s->workers[k];
+		if ((int)d->worker_type < 0 ||
+		    (int)d->worker_type >
+		        SMG__WORKER_TYPE__WORKER_TYPE_DECODE) {
+			log_warnx("%s: pod %s: bad worker type %d", __func__,
+			    d->pod != NULL ? d->pod : "?", (int)d->worker_type);
+			refused++;
+			continue;
+		}
+		if (d->url == NULL ||
+		    registry_normalize_url(d->url, url, sizeof(url), err,
+		        sizeof(err)) == -1) {
+			log_warnx("%s: pod %s: bad url: %s", __func__,
+			    d->pod != NULL ? d->pod : "?", err);
+			refused++;
+			continue;
+		}
+		if ((w = registry_find(br, url)) != NULL) {
+			/* Ours from before, or an operator's worker. */
+			if (w->wk_discovered && d->model_id != NULL &&
+			    *d->model_id != '\0' &&
+			    strcmp(d->model_id, w->wk_model) != 0)
+				registry_set_model(br, w, d->model_id);
+			continue;
+		}
+		memset(&ws, 0, sizeof(ws));
+		ws.ws_url = url;
+		ws.ws_model = d->model_id;
+		ws.ws_type = (int)d->worker_type;
+		ws.ws_mode = SMG__CONNECTION_MODE__CONNECTION_MODE_HTTP;
+		ws.ws_api_key = br->br_cf->cf_api_key;
+		ws.ws_bootstrap_port =
+		    d->has_bootstrap_port ? (int32_t)d->bootstrap_port : -1;
+		ws.ws_priority = 50;
+		ws.ws_cost = 1.0;
+		ws.ws_discovered = true;
+		if (registry_add(br, &ws, false, &why) == NULL) {
+			refused++;
+			if (br->br_disc_refused == 0)
+				log_warnx("%s: pod %s (%s): %s", __func__,
+				    d->pod != NULL ? d->pod : "?", url,
+				    strcmp(why, "full") == 0
+				        ? "worker table full"
+				        : why);
+			continue;
+		}
+		log_info("%s: pod %s is worker %s", __func__,
+		    d->pod != NULL ? d->pod : "?", url);
+	}
+	/* The poller re-sends the set while a url is missing: say so once. */
+	br->br_disc_refused = refused;
+}
+
 void
 reports_handle(struct broker *br, const Smg__PollerMsg *m)
 {
@@ -217,6 +320,9 @@ reports_handle(struct broker *br, const Smg__PollerMsg *m)
 		break;
 	case SMG__POLLER_MSG__BODY_KV_EVENTS:
 		kvindex_handle(br, m->kv_events);
+		break;
+	case SMG__POLLER_MSG__BODY_DISCOVERED:
+		reports_discovered(br, m->discovered);
 		break;
 	default:
 		log_warnx("%s: unknown poller message %d", __func__,

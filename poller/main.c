@@ -4,10 +4,10 @@
  * One libev loop. Every 200 ms it stamps its shm heartbeat and scans the
  * worker table; each slot's registration (register.c), health (health.c)
  * and load (load.c) schedules and its KV-event subscription (kvevents.c)
- * run from that scan; HTTP requests, gRPC calls (rpc.c) and ZMQ messages
- * complete on the loop. Findings reach the broker through report.c.
- * SIGTERM/SIGINT stop the loop: in-flight probes are dropped and the
- * process exits 0.
+ * run from that scan, as does the resend of discovered pods (discovery.c); HTTP
+ * requests, gRPC calls (rpc.c) and ZMQ messages complete on the loop. Findings
+ * reach the broker through report.c. SIGTERM/SIGINT stop the loop: in-flight
+ * probes are dropped and the process exits 0.
  */
 #include "poller/poller.h"
 
@@ -80,6 +80,7 @@ main(int argc, char *argv[])
 	p->p_load_on = load_wanted(&cf);
 	p->p_load_interval_ms = (uint64_t)cf.cf_load_monitor_interval * 1000;
 	p->p_jwks = jwks_new(p);
+	p->p_discovery = discovery_new(p);
 
 	ev_timer_init(&scan, poller_scan_cb, 0., POLLER_SCAN_SECS);
 	scan.data = p;
@@ -111,6 +112,7 @@ main(int argc, char *argv[])
 		poller_stop_slot(&p->p_workers[i]);
 	kvevents_shutdown(p);
 	jwks_free(p->p_jwks);
+	discovery_free(p->p_discovery);
 	ipc_client_free(p->p_reports);
 	upstream_free(p->p_up);
 	tls_ctx_free(p->p_grpc_tls);
@@ -187,6 +189,7 @@ poller_scan_cb(struct ev_loop *loop, ev_timer *w, int revents)
 	for (i = 0; i < SHM_MAX_WORKERS; i++)
 		poller_scan_slot(p, i, now);
 	jwks_tick(p->p_jwks, now);
+	discovery_tick(p->p_discovery, now);
 }
 
 /*

@@ -18,6 +18,8 @@
 
 #include <ev.h>
 
+#include <cjson/cJSON.h>
+
 #include "ipc.pb-c.h"
 #include "sglang_scheduler.pb-c.h"
 #include "shared/grpc.h"
@@ -31,6 +33,7 @@ struct tls_ctx;
 struct pworker;
 struct poller;
 struct jwks;
+struct discovery;
 
 /* ---- fetch.c ---- */
 
@@ -158,6 +161,102 @@ void jwks_free(struct jwks *j);
  */
 int jwks_split_url(const char *url, char *base, size_t baselen, char *path,
     size_t pathlen);
+
+/* ---- discovery.c ---- */
+
+/*
+ * Kubernetes service discovery (--service-discovery): the pods of the
+ * selector (regular mode) or of the prefill and decode selectors (PD
+ * mode, one list+watch each) are listed, then watched, through the API
+ * server: https://kubernetes.default.svc:$KUBERNETES_SERVICE_PORT with
+ * the service account's token and CA, or SMG_K8S_API (http:// on
+ * loopback only), SMG_K8S_TOKEN_FILE and SMG_K8S_CA_FILE. A pod that is
+ * Running, Ready and not being deleted is the worker
+ * http://<podIP>:<--service-discovery-port>; the set of them goes to the
+ * broker as one DiscoveredSet after every change (reports_discovered
+ * there adds and removes). A dropped watch, an unreadable or oversized
+ * event or an error lists again with backoff (0.25 s doubling to 30 s);
+ * 410 Gone lists again at once; a watch the server ended resumes from
+ * its resourceVersion. Nothing blocks the loop but the one getaddrinfo
+ * of the API's host name when its pool is made (shared/upstream.h).
+ */
+#define DISCOVERY_KEY_MAX  320 /* "namespace/name" */
+#define DISCOVERY_RV_MAX   128
+#define DISCOVERY_LINE_MAX (1024 * 1024) /* one watch event, at most */
+
+/* What makes a pod a worker. */
+struct discovery_rule {
+	const char *const *dr_selector; /* "key=value" each, all must hold */
+	size_t dr_nselector;
+	int dr_type; /* WorkerType of the pods it selects */
+	long dr_port; /* --service-discovery-port */
+	const char *dr_model_from; /* --model-id-from, NULL none */
+};
+
+/* One selected pod as a worker. */
+struct discovery_pod {
+	char dp_key[DISCOVERY_KEY_MAX]; /* namespace/name */
+	bool dp_ready; /* Running, Ready True, not deleting, an address */
+	char dp_url[SHM_URL_MAX]; /* set when dp_ready */
+	int dp_type;
+	int32_t dp_bootstrap_port; /* prefill annotation, -1 none */
+	char dp_model[SHM_MODEL_MAX]; /* "" none */
+};
+
+/*
+ * Maps a pod object. Returns 1 when its labels hold every key=value of
+ * the rule (out filled), 0 when they do not (only dp_key set, so a watch
+ * forgets a pod whose labels changed), -1 when it is not a named object.
+ * Hostile fields (an address that is not one, a port out of range, an
+ * oversized name or model) make the pod not ready or the field absent.
+ */
+int discovery_pod_parse(const cJSON *pod, const struct discovery_rule *r,
+    struct discovery_pod *out);
+
+enum discovery_event {
+	DISCOVERY_EV_ADDED = 0,
+	DISCOVERY_EV_MODIFIED,
+	DISCOVERY_EV_DELETED,
+	DISCOVERY_EV_BOOKMARK,
+	DISCOVERY_EV_ERROR, /* *code: the Status code (410 Gone), 0 none */
+	DISCOVERY_EV_BAD, /* not JSON, no type, no object, unknown type */
+};
+
+/*
+ * Parses one watch line. *doc is the parsed document (NULL when not
+ * JSON), to cJSON_Delete after using *object, which points into it.
+ */
+enum discovery_event discovery_event_parse(const char *line, size_t len,
+    cJSON **doc, const cJSON **object, int *code);
+
+/* Splits a watch body into lines of at most dl_max bytes. */
+struct discovery_lines {
+	char *dl_buf;
+	size_t dl_len;
+	size_t dl_cap;
+	size_t dl_max;
+};
+
+/* One complete line, NUL-terminated, no '\n' or trailing '\r'; return -1
+ * to stop. */
+typedef int (*discovery_line_cb)(void *arg, const char *line, size_t len);
+
+/*
+ * Feeds len bytes; cb runs for every complete non-empty line. Returns 0,
+ * or -1 when a line grows past dl_max, memory runs out (the partial line
+ * is dropped) or cb returned -1.
+ */
+int discovery_lines_feed(struct discovery_lines *l, const char *data,
+    size_t len, discovery_line_cb cb, void *arg);
+void discovery_lines_reset(struct discovery_lines *l);
+
+/* NULL without --service-discovery; fatal when the API URL is not
+ * allowed or its CA file cannot be loaded (startup). */
+struct discovery *discovery_new(struct poller *p);
+/* From the scan: re-sends the set when one of its urls is missing from
+ * the worker table (the broker restarted) or every 30 s. */
+void discovery_tick(struct discovery *d, uint64_t now_ms);
+void discovery_free(struct discovery *d);
 
 /* ---- register.c ---- */
 
@@ -419,6 +518,7 @@ struct poller {
 	void *p_zmq; /* ZMQ context, made on the first subscription */
 	struct pworker p_workers[SHM_MAX_WORKERS];
 	struct jwks *p_jwks; /* NULL without --jwt-issuer */
+	struct discovery *p_discovery; /* NULL without --service-discovery */
 };
 
 /*

@@ -73,7 +73,6 @@ enum compat_value {
 	CV_APPEND, /* one value per occurrence, repeatable */
 	CV_CHOICE, /* one of ck_choices */
 	CV_IP, /* an IPv4 or IPv6 address */
-	CV_ID_SOURCE, /* namespace, label:<key> or annotation:<key> */
 };
 
 /* Extra checks on string and list values. */
@@ -84,6 +83,8 @@ enum key_check {
 	KC_SELECTOR,
 	KC_HTTP_PATH,
 	KC_CIDR,
+	KC_ID_SOURCE,
+	KC_NAMESPACE,
 };
 
 #define KF_MIN_EXCL 0x01 /* double lower bound is exclusive */
@@ -590,8 +591,11 @@ static const struct config_key config_keys[] = {
 	LONGV("service-discovery-port", NULL, cf_service_discovery_port, "80",
 	    1, 65535, "worker port of discovered pods"),
 	STRV("service-discovery-namespace", NULL,
-	    cf_service_discovery_namespace, NULL, KC_NONE, "NS",
-	    "Kubernetes namespace watched"),
+	    cf_service_discovery_namespace, NULL, KC_NAMESPACE, "NS",
+	    "Kubernetes namespace watched (default: all)"),
+	STRV("model-id-from", NULL, cf_model_id_from, NULL, KC_ID_SOURCE, "SRC",
+	    "model id of discovered pods: namespace, label:<key>, "
+	    "annotation:<key>"),
 
 	SECTION("TLS and mTLS"),
 	STRV("tls-cert-path", NULL, cf_tls_cert_path, NULL, KC_NONE, "PEM",
@@ -662,8 +666,6 @@ static const struct config_key config_keys[] = {
 	    "label selector of encode workers"),
 	ACCEPT("router-selector", CV_LIST, KCOMPAT_INERT, SUB_K8S, "K=V...",
 	    "label selector of peer gateways"),
-	ACCEPT("model-id-from", CV_ID_SOURCE, KCOMPAT_INERT, SUB_K8S, "SRC",
-	    "model id source: namespace, label:<key>, annotation:<key>"),
 	ACCEPTL("runtime-worker-threads", 1, LONG_MAX, KCOMPAT_INERT,
 	    SUB_RUNTIME, "async runtime threads"),
 	ACCEPTC("history-backend", config_history_backends, KCOMPAT_ABSENT,
@@ -1169,6 +1171,26 @@ value_check(const struct config_key *k, const char *flag, const char *val,
 			    "%s: invalid selector '%s' (expected key=value)",
 			    flag, val);
 		break;
+	case KC_ID_SOURCE:
+		if (strcasecmp(val, "namespace") == 0 ||
+		    (strncmp(val, "label:", 6) == 0 && val[6] != '\0') ||
+		    (strncmp(val, "annotation:", 11) == 0 && val[11] != '\0'))
+			break;
+		return cfg_err(err, errlen,
+		    "%s: invalid value '%s' (expected namespace, label:<key> "
+		    "or annotation:<key>)",
+		    flag, val);
+	case KC_NAMESPACE:
+		/* A DNS label: it goes into the API path as it is. */
+		if (val[0] == '\0' || strlen(val) > 63 ||
+		    strspn(val, "abcdefghijklmnopqrstuvwxyz0123456789-") !=
+		        strlen(val) ||
+		    val[0] == '-' || val[strlen(val) - 1] == '-')
+			return cfg_err(err, errlen,
+			    "%s: invalid namespace '%s' (a lowercase DNS "
+			    "label)",
+			    flag, val);
+		break;
 	case KC_HTTP_PATH:
 		if (val[0] != '/')
 			return cfg_err(err, errlen,
@@ -1251,15 +1273,6 @@ compat_check(const struct config_key *k, const char *flag, const char *val,
 			return 0;
 		return cfg_err(err, errlen, "%s: invalid IP address '%s'", flag,
 		    val);
-	case CV_ID_SOURCE:
-		if (strcasecmp(val, "namespace") == 0 ||
-		    (strncmp(val, "label:", 6) == 0 && val[6] != '\0') ||
-		    (strncmp(val, "annotation:", 11) == 0 && val[11] != '\0'))
-			return 0;
-		return cfg_err(err, errlen,
-		    "%s: invalid value '%s' (expected namespace, label:<key> "
-		    "or annotation:<key>)",
-		    flag, val);
 	default:
 		if (val[0] == '\0')
 			return cfg_err(err, errlen, "%s: empty value", flag);
@@ -1921,7 +1934,8 @@ check_values(struct config *cf, char *err, size_t errlen)
 	return 0;
 }
 
-/* http:// is for a loopback identity provider only (tests, sidecars). */
+/* http:// is for a loopback identity provider or Kubernetes API only
+ * (tests, sidecars, kubectl proxy). */
 static int
 check_idp_url(const char *flag, const char *url, char *err, size_t errlen)
 {
@@ -1938,8 +1952,7 @@ check_idp_url(const char *flag, const char *url, char *err, size_t errlen)
 	    strncmp(host, "[::1]", 5) == 0)
 		return 0;
 	return cfg_err(err, errlen,
-	    "%s: '%s': http:// only for a loopback issuer (use https://)", flag,
-	    url);
+	    "%s: '%s': http:// only on loopback (use https://)", flag, url);
 }
 
 /* Is s "admin" or "user" (any case)? */
@@ -2105,6 +2118,63 @@ config_tcp_url(const char *url)
 	return *end == '\0' && port >= 0 && port <= 65535;
 }
 
+static void
+add_warning(struct config *cf, char *text)
+{
+	cf->cf_warnings = xreallocarray(cf->cf_warnings, cf->cf_warnings_n + 1,
+	    sizeof(char *));
+	cf->cf_warnings[cf->cf_warnings_n++] = text;
+}
+
+/*
+ * Kubernetes discovery (gateway.md §1): the selector of the mode must be
+ * given, or the gateway would discover nothing; the flags of the other
+ * mode, or all of them without --service-discovery, only warn (SMG
+ * ignores them too).
+ */
+static int
+check_discovery(struct config *cf, char *err, size_t errlen)
+{
+	bool pd = cf->cf_pd_disaggregation;
+
+	if (!cf->cf_service_discovery) {
+		if (cf->cf_selector_n > 0 || cf->cf_prefill_selector_n > 0 ||
+		    cf->cf_decode_selector_n > 0 ||
+		    cf->cf_service_discovery_namespace != NULL ||
+		    cf->cf_model_id_from != NULL)
+			add_warning(cf,
+			    xasprintf("--selector, --prefill-selector, "
+			              "--decode-selector, "
+			              "--service-discovery-namespace, "
+			              "--model-id-from: no effect without "
+			              "--service-discovery"));
+		return 0;
+	}
+	if (cf->cf_epd_disaggregation)
+		return cfg_err(err, errlen,
+		    "--service-discovery: not supported with "
+		    "--epd-disaggregation (encode pods cannot be selected)");
+	if (pd && cf->cf_prefill_selector_n == 0 &&
+	    cf->cf_decode_selector_n == 0)
+		return cfg_err(err, errlen,
+		    "--service-discovery: PD mode needs --prefill-selector "
+		    "and/or --decode-selector");
+	if (!pd && cf->cf_selector_n == 0)
+		return cfg_err(err, errlen,
+		    "--service-discovery: needs --selector KEY=VALUE...");
+	if (pd && cf->cf_selector_n > 0)
+		add_warning(cf,
+		    xasprintf(
+		        "--selector: no effect with --pd-disaggregation "
+		        "(use --prefill-selector and --decode-selector)"));
+	if (!pd &&
+	    (cf->cf_prefill_selector_n > 0 || cf->cf_decode_selector_n > 0))
+		add_warning(cf,
+		    xasprintf("--prefill-selector, --decode-selector: no "
+		              "effect without --pd-disaggregation"));
+	return 0;
+}
+
 static int
 config_finish(struct config *cf, struct parse_state *ps, char *err,
     size_t errlen)
@@ -2112,6 +2182,8 @@ config_finish(struct config *cf, struct parse_state *ps, char *err,
 	if (cf->cf_service_discovery)
 		cf->cf_enable_igw = true;
 	if (check_modes(cf, ps, err, errlen) == -1)
+		return -1;
+	if (check_discovery(cf, err, errlen) == -1)
 		return -1;
 	if (!cf->cf_prefill_policy_set)
 		cf->cf_prefill_policy = cf->cf_policy;
@@ -2295,26 +2367,23 @@ config_load_or_exit(struct config *cf, int argc, char *argv[])
 		fprintf(stderr, "%s: %s\n", prog, err);
 		exit(2);
 	}
-	/* Parsed (SMG's grammar) but not implemented here: discovery itself
-	 * is refused rather than a gateway that silently discovers no worker;
-	 * its other flags do nothing without it (in SMG too): warned. */
-	if (cf->cf_service_discovery) {
+	/* Discovery needs a Kubernetes API: say so now rather than run a
+	 * gateway that never finds a worker. */
+	if (cf->cf_service_discovery && !cf->cf_check_config &&
+	    getenv("SMG_K8S_API") == NULL &&
+	    getenv("KUBERNETES_SERVICE_HOST") == NULL) {
 		fprintf(stderr,
-		    "%s: --service-discovery: Kubernetes service discovery is "
-		    "not supported by smg-c: list workers with --worker-urls "
-		    "or POST /workers\n",
+		    "%s: --service-discovery: no Kubernetes API "
+		    "(KUBERNETES_SERVICE_HOST unset: not in a pod; "
+		    "SMG_K8S_API unset)\n",
 		    prog);
 		exit(2);
 	}
-	if (cf->cf_selector_n > 0 || cf->cf_prefill_selector_n > 0 ||
-	    cf->cf_decode_selector_n > 0 ||
-	    cf->cf_service_discovery_namespace != NULL) {
-		cf->cf_warnings = xreallocarray(cf->cf_warnings,
-		    cf->cf_warnings_n + 1, sizeof(char *));
-		cf->cf_warnings[cf->cf_warnings_n++] = xasprintf(
-		    "--selector, --prefill-selector, --decode-selector, "
-		    "--service-discovery-namespace: accepted, no effect "
-		    "without --service-discovery (not supported)");
+	if (cf->cf_service_discovery && getenv("SMG_K8S_API") != NULL &&
+	    check_idp_url("SMG_K8S_API", getenv("SMG_K8S_API"), err,
+	        sizeof(err)) == -1) {
+		fprintf(stderr, "%s: %s\n", prog, err);
+		exit(2);
 	}
 	if (cf->cf_check_config) {
 		for (size_t i = 0; i < cf->cf_warnings_n; i++)

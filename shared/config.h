@@ -220,7 +220,8 @@ struct config {
 	char **cf_decode_selector;
 	size_t cf_decode_selector_n;
 	long cf_service_discovery_port; /* 80 */
-	char *cf_service_discovery_namespace;
+	char *cf_service_discovery_namespace; /* NULL: every namespace */
+	char *cf_model_id_from; /* namespace, label:<key>, annotation:<key> */
 
 	/* TLS and mTLS (§2.7). */
 	char *cf_tls_cert_path;

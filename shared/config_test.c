@@ -366,7 +366,7 @@ test_forced_values(void **state)
 	parse_ok(&cf,
 	    "--disable-retries --retry-max-retries 9 --disable-circuit-breaker "
 	    "--worker-overload-protection --max-concurrent-requests 0 "
-	    "--service-discovery --policy power_of_two");
+	    "--service-discovery --selector app=w --policy power_of_two");
 	assert_int_equal(cf.cf_retry_max_retries, 1);
 	assert_int_equal(cf.cf_cb_failure_threshold, (long)UINT32_MAX);
 	assert_true(cf.cf_worker_overload_token_usage_set);
@@ -401,7 +401,9 @@ test_modes_accepted(void **state)
 		"--enable-igw --policy power_of_two",
 		"--enable-igw --pd-disaggregation --decode-policy bucket",
 		"--service-discovery --pd-disaggregation --prefill-policy "
-		"power_of_two",
+		"power_of_two --prefill-selector role=p",
+		"--service-discovery --selector app=w tier=gpu "
+		"--service-discovery-namespace llm --model-id-from label:model",
 		"--policy power_of_two --worker-urls http://a http://b",
 		"--pd-disaggregation --policy bucket --prefill http://p",
 		"--pd-disaggregation --policy power_of_two --prefill http://p "
@@ -614,6 +616,17 @@ static const struct {
 	{ "--selector noeq", "--selector" },
 	{ "--prefill-selector =v", "--prefill-selector" },
 	{ "--service-discovery-port 0", "--service-discovery-port" },
+	{ "--service-discovery", "--service-discovery: needs --selector" },
+	{ "--service-discovery --pd-disaggregation --selector a=b",
+	    "--service-discovery: PD mode needs --prefill-selector" },
+	{ "--service-discovery --epd-disaggregation --prefill-selector a=b",
+	    "--service-discovery: not supported with --epd" },
+	{ "--service-discovery-namespace Bad_NS",
+	    "--service-discovery-namespace: invalid namespace" },
+	{ "--service-discovery-namespace a/b",
+	    "--service-discovery-namespace: invalid namespace" },
+	{ "--model-id-from pod", "--model-id-from: invalid value" },
+	{ "--model-id-from label:", "--model-id-from" },
 	{ "--max-payload-size -5", "--max-payload-size" },
 	{ "--max-payload-size 0", "--max-payload-size" },
 	{ "--stream-request-bodies-over x", "--stream-request-bodies-over" },

@@ -218,18 +218,23 @@ def test_busy_port_exits_at_once(tmp_path):
         s.close()
 
 
-def test_service_discovery_refused(tmp_path):
-    """Kubernetes discovery is not implemented: --service-discovery is
-    refused with exit 2 and one line, not accepted for a gateway with 0
-    workers; the selectors alone (inert without it) are warned about."""
-    for args in (["--service-discovery"],
-                 ["--service-discovery", "--prefill-selector", "r=p",
-                  "--decode-selector", "r=d", "--pd-disaggregation"]):
+def test_service_discovery_refused(tmp_path, monkeypatch):
+    """A gateway that could never discover a worker is refused with exit 2
+    and one line, not started with 0 workers: --service-discovery without
+    its mode's selector, or outside a pod with no SMG_K8S_API; the
+    selectors alone (inert without it) are warned about."""
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.delenv("SMG_K8S_API", raising=False)
+    for args, why in (
+            (["--service-discovery"], "needs --selector"),
+            (["--service-discovery", "--prefill-selector", "r=p",
+              "--decode-selector", "r=d", "--pd-disaggregation"],
+             "no Kubernetes API")):
         r = run_smg("--run-dir", tmp_path / "run", "--state-dir",
                     tmp_path / "state", "--port", util.free_port(), *args)
         assert r.returncode == 2, r
         lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-        assert len(lines) == 1 and "not supported" in lines[0], r.stderr
+        assert len(lines) == 1 and why in lines[0], r.stderr
         assert not (tmp_path / "run").exists()
     r = run_smg("--run-dir", tmp_path / "run", "--state-dir",
                 tmp_path / "state", "--port", util.free_port(),

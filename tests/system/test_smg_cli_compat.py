@@ -59,7 +59,7 @@ SMG_FLAGS = {
     "engine-metrics": ["--engine-metrics"],
     "multimodal-tensor-transport": ["--multimodal-tensor-transport", "shm"],
     "multimodal-shm-min-bytes": ["--multimodal-shm-min-bytes", "4096"],
-    "service-discovery": ["--service-discovery"],
+    "service-discovery": ["--service-discovery", "--selector", "app=sglang"],
     "selector": ["--selector", "app=sglang"],
     "service-discovery-port": ["--service-discovery-port", "8000"],
     "service-discovery-namespace": ["--service-discovery-namespace", "llm"],
@@ -181,7 +181,7 @@ SMG_FLAGS = {
 # Flags smg-c accepts without effect: one warning line each.
 WARNED = {
     "multimodal-tensor-transport", "multimodal-shm-min-bytes",
-    "encode-selector", "router-selector", "model-id-from",
+    "encode-selector", "router-selector",
     "storage-context-headers", "priority-scheduler-enabled",
     "priority-scheduler-default-max-class", "priority-scheduler-config",
     "priority-scheduler-tenant-metric-top-n", "chat-template",
@@ -230,16 +230,11 @@ def test_every_smg_flag_starts(tmp_path, flag):
     args = fill(SMG_FLAGS[flag], tmp_path)
     assert f"--{flag}" in args
     r = run_smg(*base_for(args), *args, "--run-dir", tmp_path / "run", "-n")
-    if flag == "service-discovery":
-        # Not supported: refused with one clear line (docs/compat.md).
-        assert r.returncode == 2, r.stderr
-        assert "not supported" in r.stderr
-        return
     assert r.returncode == 0, (flag, r.stderr)
     assert "configuration OK" in r.stdout
     warns = [ln for ln in r.stderr.splitlines() if "warning:" in ln]
     if flag in ("selector", "prefill-selector", "decode-selector",
-                "service-discovery-namespace"):
+                "service-discovery-namespace", "model-id-from"):
         assert len(warns) == 1 and "without --service-discovery" in \
             warns[0], r.stderr
     elif flag in WARNED:
@@ -261,6 +256,8 @@ def test_version_verbose(tmp_path):
     ["--mesh-port", "70000"],
     ["--model-id-from", "label:"],
     ["--multimodal-tensor-transport", "carrier-pigeon"],
+    ["--service-discovery"],
+    ["--service-discovery-namespace", "Not_A_Label"],
 ])
 def test_invalid_values_still_refused(tmp_path, args):
     r = run_smg("--worker-urls", W, *args, "-n")
