@@ -194,23 +194,12 @@ pd_enabled(void)
 int
 pd_bootstrap_host(const char *url, char *out, size_t len)
 {
-	const char *p, *end;
+	struct url u;
 	size_t n;
 
-	if ((p = strstr(url, "://")) == NULL)
+	if (url_parse(url, &u) == -1 || (n = strlen(u.u_host)) == 0 || n >= len)
 		return -1;
-	p += 3;
-	if (*p == '[') {
-		if ((end = strchr(++p, ']')) == NULL)
-			return -1;
-	} else {
-		end = p + strcspn(p, ":/@?#");
-	}
-	n = (size_t)(end - p);
-	if (n == 0 || n >= len)
-		return -1;
-	memcpy(out, p, n);
-	out[n] = '\0';
+	memcpy(out, u.u_host, n + 1);
 	return 0;
 }
 
