@@ -141,8 +141,10 @@ def test_killed_broker_and_poller_are_restarted(tmp_path):
                     now["broker"] != before["broker"] and
                     now["poller"] != before["poller"])
         util.wait_for(replaced, timeout=10, what="broker and poller back")
-        assert "restarted smg-broker" in g.log()
-        assert "restarted smg-poller" in g.log()
+        # The child can be seen before the launcher has logged its fork.
+        util.wait_for(lambda: "restarted smg-broker" in g.log() and
+                      "restarted smg-poller" in g.log(), timeout=5,
+                      what="both restarts logged")
         assert g.get("/liveness").status == 200
         g.stop()
 
