@@ -253,7 +253,7 @@ reports_discovered(struct broker *br, const Smg__DiscoveredSet *s)
 		d = s->workers[k];
 		if ((int)d->worker_type < 0 ||
 		    (int)d->worker_type >
-		        SMG__WORKER_TYPE__WORKER_TYPE_DECODE) {
+		        SMG__WORKER_TYPE__WORKER_TYPE_ENCODE) {
 			log_warnx("%s: pod %s: bad worker type %d", __func__,
 			    d->pod != NULL ? d->pod : "?", (int)d->worker_type);
 			refused++;

@@ -67,7 +67,7 @@ struct discovery {
 	char d_base[512];
 	char d_token_path[512];
 	char d_path[512]; /* /api/v1/[namespaces/NS/]pods */
-	struct dwatch d_w[2];
+	struct dwatch d_w[3]; /* regular, or prefill, decode and encode */
 	unsigned d_nw;
 	bool d_dirty; /* the set changed since it was sent */
 	bool d_sent; /* a set was sent once */
@@ -105,6 +105,8 @@ discovery_role(int type)
 		return "prefill";
 	case SMG__WORKER_TYPE__WORKER_TYPE_DECODE:
 		return "decode";
+	case SMG__WORKER_TYPE__WORKER_TYPE_ENCODE:
+		return "encode";
 	default:
 		return "regular";
 	}
@@ -211,7 +213,8 @@ discovery_pod_parse(const cJSON *pod, const struct discovery_rule *r,
 	out->dp_ready = ready;
 
 	ann = cJSON_GetObjectItemCaseSensitive(meta, "annotations");
-	if (r->dr_type == SMG__WORKER_TYPE__WORKER_TYPE_PREFILL &&
+	if ((r->dr_type == SMG__WORKER_TYPE__WORKER_TYPE_PREFILL ||
+	        r->dr_type == SMG__WORKER_TYPE__WORKER_TYPE_ENCODE) &&
 	    (bp = discovery_str(ann, DISCOVERY_BOOTSTRAP_ANN)) != NULL &&
 	    *bp >= '0' && *bp <= '9') {
 		errno = 0;
@@ -435,8 +438,8 @@ discovery_new(struct poller *p)
 		snprintf(d->d_path, sizeof(d->d_path), "/api/v1/pods");
 
 	/* PD: prefill first, so a pod both selectors match is a prefill
-	 * worker (SMG's order). */
-	if (cf->cf_pd_disaggregation) {
+	 * worker (SMG's order); EPD adds encode pods last. */
+	if (cf->cf_pd_disaggregation || cf->cf_epd_disaggregation) {
 		if (cf->cf_prefill_selector_n > 0) {
 			d->d_w[d->d_nw].dw_rule.dr_selector =
 			    (const char *const *)cf->cf_prefill_selector;
@@ -452,6 +455,14 @@ discovery_new(struct poller *p)
 			    cf->cf_decode_selector_n;
 			d->d_w[d->d_nw++].dw_rule.dr_type =
 			    SMG__WORKER_TYPE__WORKER_TYPE_DECODE;
+		}
+		if (cf->cf_epd_disaggregation && cf->cf_encode_selector_n > 0) {
+			d->d_w[d->d_nw].dw_rule.dr_selector =
+			    (const char *const *)cf->cf_encode_selector;
+			d->d_w[d->d_nw].dw_rule.dr_nselector =
+			    cf->cf_encode_selector_n;
+			d->d_w[d->d_nw++].dw_rule.dr_type =
+			    SMG__WORKER_TYPE__WORKER_TYPE_ENCODE;
 		}
 	} else {
 		d->d_w[0].dw_rule.dr_selector =

@@ -588,6 +588,8 @@ static const struct config_key config_keys[] = {
 	    0, "K=V...", "Kubernetes label selector of prefill workers"),
 	LISTV("decode-selector", NULL, cf_decode_selector, NULL, KC_SELECTOR, 0,
 	    "K=V...", "Kubernetes label selector of decode workers"),
+	LISTV("encode-selector", NULL, cf_encode_selector, NULL, KC_SELECTOR, 0,
+	    "K=V...", "Kubernetes label selector of encode workers (EPD mode)"),
 	LONGV("service-discovery-port", NULL, cf_service_discovery_port, "80",
 	    1, 65535, "worker port of discovered pods"),
 	STRV("service-discovery-namespace", NULL,
@@ -662,8 +664,6 @@ static const struct config_key config_keys[] = {
 	    "multimodal tensor transport: inline, shm, auto, rdma"),
 	ACCEPTL("multimodal-shm-min-bytes", 0, LONG_MAX, KCOMPAT_INERT,
 	    SUB_GRPC, "multimodal shared-memory threshold"),
-	ACCEPT("encode-selector", CV_LIST, KCOMPAT_INERT, SUB_K8S, "K=V...",
-	    "label selector of encode workers"),
 	ACCEPT("router-selector", CV_LIST, KCOMPAT_INERT, SUB_K8S, "K=V...",
 	    "label selector of peer gateways"),
 	ACCEPTL("runtime-worker-threads", 1, LONG_MAX, KCOMPAT_INERT,
@@ -2135,43 +2135,47 @@ add_warning(struct config *cf, char *text)
 static int
 check_discovery(struct config *cf, char *err, size_t errlen)
 {
-	bool pd = cf->cf_pd_disaggregation;
+	bool epd = cf->cf_epd_disaggregation;
+	bool pd = cf->cf_pd_disaggregation || epd;
 
 	if (!cf->cf_service_discovery) {
 		if (cf->cf_selector_n > 0 || cf->cf_prefill_selector_n > 0 ||
 		    cf->cf_decode_selector_n > 0 ||
+		    cf->cf_encode_selector_n > 0 ||
 		    cf->cf_service_discovery_namespace != NULL ||
 		    cf->cf_model_id_from != NULL)
 			add_warning(cf,
 			    xasprintf("--selector, --prefill-selector, "
-			              "--decode-selector, "
+			              "--decode-selector, --encode-selector, "
 			              "--service-discovery-namespace, "
 			              "--model-id-from: no effect without "
 			              "--service-discovery"));
 		return 0;
 	}
-	if (cf->cf_epd_disaggregation)
-		return cfg_err(err, errlen,
-		    "--service-discovery: not supported with "
-		    "--epd-disaggregation (encode pods cannot be selected)");
 	if (pd && cf->cf_prefill_selector_n == 0 &&
-	    cf->cf_decode_selector_n == 0)
+	    cf->cf_decode_selector_n == 0 && cf->cf_encode_selector_n == 0)
 		return cfg_err(err, errlen,
 		    "--service-discovery: PD mode needs --prefill-selector "
-		    "and/or --decode-selector");
+		    "and/or --decode-selector%s",
+		    epd ? " (or --encode-selector)" : "");
 	if (!pd && cf->cf_selector_n == 0)
 		return cfg_err(err, errlen,
 		    "--service-discovery: needs --selector KEY=VALUE...");
 	if (pd && cf->cf_selector_n > 0)
 		add_warning(cf,
 		    xasprintf(
-		        "--selector: no effect with --pd-disaggregation "
-		        "(use --prefill-selector and --decode-selector)"));
+		        "--selector: no effect with --pd-disaggregation or "
+		        "--epd-disaggregation (use --prefill-selector and "
+		        "--decode-selector)"));
 	if (!pd &&
 	    (cf->cf_prefill_selector_n > 0 || cf->cf_decode_selector_n > 0))
 		add_warning(cf,
 		    xasprintf("--prefill-selector, --decode-selector: no "
 		              "effect without --pd-disaggregation"));
+	if (!epd && cf->cf_encode_selector_n > 0)
+		add_warning(cf,
+		    xasprintf("--encode-selector: no effect without "
+		              "--epd-disaggregation"));
 	return 0;
 }
 

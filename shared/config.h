@@ -219,6 +219,8 @@ struct config {
 	size_t cf_prefill_selector_n;
 	char **cf_decode_selector;
 	size_t cf_decode_selector_n;
+	char **cf_encode_selector;
+	size_t cf_encode_selector_n;
 	long cf_service_discovery_port; /* 80 */
 	char *cf_service_discovery_namespace; /* NULL: every namespace */
 	char *cf_model_id_from; /* namespace, label:<key>, annotation:<key> */

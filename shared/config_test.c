@@ -619,8 +619,10 @@ static const struct {
 	{ "--service-discovery", "--service-discovery: needs --selector" },
 	{ "--service-discovery --pd-disaggregation --selector a=b",
 	    "--service-discovery: PD mode needs --prefill-selector" },
-	{ "--service-discovery --epd-disaggregation --prefill-selector a=b",
-	    "--service-discovery: not supported with --epd" },
+	{ "--service-discovery --epd-disaggregation --selector a=b",
+	    "--service-discovery: PD mode needs --prefill-selector and/or "
+	    "--decode-selector (or --encode-selector)" },
+	{ "--encode-selector =v", "--encode-selector" },
 	{ "--service-discovery-namespace Bad_NS",
 	    "--service-discovery-namespace: invalid namespace" },
 	{ "--service-discovery-namespace a/b",

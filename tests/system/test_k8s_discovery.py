@@ -450,6 +450,69 @@ def test_discovery_pd(tmp_path):
             p.stop()
 
 
+def test_discovery_epd(tmp_path):
+    """--encode-selector: encode pods join as encode workers, with their
+    bootstrap port, and a request takes encode -> prefill -> decode."""
+    port = util.free_port()
+    rdv = tmp_path / "rdv"
+    rdv.mkdir()
+    api = FakeK8s()
+    sims = []
+    try:
+        sims.append(start_pod_sim(
+            tmp_path, "127.0.0.4", port, "encode0", "--role", "encode",
+            "--bootstrap-port", 9350, "--bootstrap-dir", rdv,
+            "--worker-id", "E0"))
+        sims.append(start_pod_sim(
+            tmp_path, "127.0.0.2", port, "prefill0", "--role", "prefill",
+            "--bootstrap-port", 9351, "--bootstrap-dir", rdv,
+            "--bootstrap-timeout", 2, "--worker-id", "P0"))
+        sims.append(start_pod_sim(
+            tmp_path, "127.0.0.3", port, "decode0", "--role", "decode",
+            "--bootstrap-dir", rdv, "--bootstrap-timeout", 2,
+            "--worker-id", "D0"))
+        ue, up, ud = (f"http://127.0.0.{i}:{port}" for i in (4, 2, 3))
+        api.add("e0", {"app": "sglang", "role": "encode"}, "127.0.0.4",
+                annotations={"sglang.ai/bootstrap-port": "9350"})
+        api.add("p0", {"app": "sglang", "role": "prefill"}, "127.0.0.2",
+                annotations={"sglang.ai/bootstrap-port": "9351"})
+        api.add("d0", {"app": "sglang", "role": "decode"}, "127.0.0.3")
+        with gw.start_gateway(
+                tmp_path, "--service-discovery", "--epd-disaggregation",
+                "--prefill-selector", "app=sglang", "role=prefill",
+                "--decode-selector", "app=sglang", "role=decode",
+                "--encode-selector", "app=sglang", "role=encode",
+                "--service-discovery-port", port,
+                "--service-discovery-namespace", NS,
+                "--policy", "round_robin",
+                env=gateway_env(tmp_path, api)) as g:
+            g.wait_live()
+            g.wait_ready(3)
+            seen = urls(g)
+            assert set(seen) == {ue, up, ud}, seen
+            assert seen[ue]["worker_type"] == "encode"
+            assert seen[ue]["bootstrap_port"] == 9350
+            assert seen[up]["worker_type"] == "prefill"
+            r = g.post("/v1/chat/completions", {
+                "model": "sim-model",
+                "messages": [{"role": "user", "content": "describe it"}],
+                "max_tokens": 2})
+            assert r.status == 200, r
+            assert r.headers["x-sim-worker"] == "D0"
+            conn = http.client.HTTPConnection("127.0.0.4", port, timeout=2)
+            conn.request("GET", "/sim/stats")
+            es = json.loads(conn.getresponse().read())["bootstrap"]
+            conn.close()
+            assert es["published"] == 1, es  # the encode leg ran
+            api.delete("e0")
+            within(lambda: set(urls(g)) == {up, ud}, "encode pod deleted")
+            g.stop()
+    finally:
+        api.close()
+        for p in sims:
+            p.stop()
+
+
 def test_discovery_needs_an_api(tmp_path):
     """Outside a pod and without SMG_K8S_API the gateway refuses to start
     (rather than serve with no worker ever found); plain http to an API

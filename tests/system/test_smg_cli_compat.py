@@ -181,7 +181,7 @@ SMG_FLAGS = {
 # Flags smg-c accepts without effect: one warning line each.
 WARNED = {
     "multimodal-tensor-transport", "multimodal-shm-min-bytes",
-    "encode-selector", "router-selector",
+    "router-selector",
     "storage-context-headers", "priority-scheduler-enabled",
     "priority-scheduler-default-max-class", "priority-scheduler-config",
     "priority-scheduler-tenant-metric-top-n", "chat-template",
@@ -234,7 +234,8 @@ def test_every_smg_flag_starts(tmp_path, flag):
     assert "configuration OK" in r.stdout
     warns = [ln for ln in r.stderr.splitlines() if "warning:" in ln]
     if flag in ("selector", "prefill-selector", "decode-selector",
-                "service-discovery-namespace", "model-id-from"):
+                "encode-selector", "service-discovery-namespace",
+                "model-id-from"):
         assert len(warns) == 1 and "without --service-discovery" in \
             warns[0], r.stderr
     elif flag in WARNED:
