@@ -17,6 +17,7 @@
 
 #include "shared/config.h"
 #include "shared/log.h"
+#include "shared/metrics.h"
 #include "shared/url.h"
 #include "shared/xmalloc.h"
 
@@ -59,6 +60,8 @@ struct dwatch {
 	ev_timer dw_timer; /* backoff, or the watch's deadline */
 	double dw_backoff;
 	ev_tstamp dw_started;
+	/* Series: pods ready / not ready, API failures, in sync. */
+	int dw_m_ready, dw_m_unready, dw_m_errors, dw_m_synced;
 };
 
 struct discovery {
@@ -96,6 +99,8 @@ static bool discovery_selected(const cJSON *, const struct discovery_rule *);
 static int discovery_encode(const char *, char *, size_t);
 static bool discovery_http_ok(const char *);
 static const char *discovery_role(int);
+static void discovery_metrics_init(struct dwatch *, struct shm *);
+static void discovery_metrics(struct discovery *);
 
 static const char *
 discovery_role(int type)
@@ -109,6 +114,59 @@ discovery_role(int type)
 		return "encode";
 	default:
 		return "regular";
+	}
+}
+
+/*
+ * What an operator needs to see that discovery works: pods per role and
+ * readiness, failed API calls, and whether each watch is in sync (listed
+ * and watching, not waiting out a backoff).
+ */
+static void
+discovery_metrics_init(struct dwatch *dw, struct shm *shm)
+{
+	const char *role = discovery_role(dw->dw_rule.dr_type);
+	char l[SHM_SERIES_NAME_MAX];
+
+	dw->dw_m_ready = dw->dw_m_unready = dw->dw_m_errors = dw->dw_m_synced =
+	    -1;
+	if (metrics_labels(l, sizeof(l), "role", role, "ready", "true", NULL) ==
+	    0)
+		dw->dw_m_ready =
+		    metrics_series(shm, METRICS_GAUGE, "smg_discovery_pods", l);
+	if (metrics_labels(l, sizeof(l), "role", role, "ready", "false",
+	        NULL) == 0)
+		dw->dw_m_unready =
+		    metrics_series(shm, METRICS_GAUGE, "smg_discovery_pods", l);
+	if (metrics_labels(l, sizeof(l), "role", role, NULL) == 0) {
+		dw->dw_m_errors = metrics_series(shm, METRICS_COUNTER,
+		    "smg_discovery_api_errors_total", l);
+		dw->dw_m_synced = metrics_series(shm, METRICS_GAUGE,
+		    "smg_discovery_synced", l);
+	}
+}
+
+static void
+discovery_metrics(struct discovery *d)
+{
+	struct shm *shm = d->d_p->p_shm;
+	const struct dwatch *dw;
+	size_t j, ready;
+	unsigned i;
+
+	for (i = 0; i < d->d_nw; i++) {
+		dw = &d->d_w[i];
+		for (j = 0, ready = 0; j < dw->dw_npods; j++)
+			ready += dw->dw_pods[j].dp_ready;
+		if (dw->dw_m_ready >= 0)
+			metrics_set(shm, SHM_ROW_POLLER, dw->dw_m_ready,
+			    (int64_t)ready);
+		if (dw->dw_m_unready >= 0)
+			metrics_set(shm, SHM_ROW_POLLER, dw->dw_m_unready,
+			    (int64_t)(dw->dw_npods - ready));
+		if (dw->dw_m_synced >= 0)
+			metrics_set(shm, SHM_ROW_POLLER, dw->dw_m_synced,
+			    dw->dw_listed && dw->dw_state == DW_WATCHING);
 	}
 }
 
@@ -493,6 +551,7 @@ discovery_new(struct poller *p)
 			fatalx("%s: selector too long", __func__);
 		ev_init(&dw->dw_timer, discovery_timer_cb);
 		dw->dw_timer.data = dw;
+		discovery_metrics_init(dw, p->p_shm);
 		log_info("%s: watching %s pods of %s%s with %s on %s", __func__,
 		    discovery_role(dw->dw_rule.dr_type),
 		    cf->cf_service_discovery_namespace != NULL
@@ -829,6 +888,9 @@ discovery_retry(struct dwatch *dw, const char *why)
 {
 	log_warnx("%s: Kubernetes API %s: %s; listing again in %.2g s",
 	    __func__, dw->dw_d->d_base, why, dw->dw_backoff);
+	if (dw->dw_m_errors >= 0)
+		metrics_add(dw->dw_d->d_p->p_shm, SHM_ROW_POLLER,
+		    dw->dw_m_errors, 1);
 	discovery_wait(dw, dw->dw_backoff, true);
 	dw->dw_backoff *= 2;
 	if (dw->dw_backoff > DISCOVERY_BACKOFF_MAX)
@@ -1015,6 +1077,8 @@ discovery_flush(struct discovery *d, uint64_t now_ms)
 void
 discovery_tick(struct discovery *d, uint64_t now_ms)
 {
-	if (d != NULL)
-		discovery_flush(d, now_ms);
+	if (d == NULL)
+		return;
+	discovery_flush(d, now_ms);
+	discovery_metrics(d);
 }

@@ -111,6 +111,12 @@ static const struct metrics_help_entry metrics_helps[] = {
 	{ "smg_pd_ttft_seconds", "PD time to first token" },
 	{ "smg_pd_prefill_duration_seconds", "PD prefill leg duration" },
 	{ "smg_pd_bootstrap_failures_total", "PD bootstrap failures" },
+	{ "smg_discovery_pods",
+	    "Pods Kubernetes discovery sees, by role and readiness" },
+	{ "smg_discovery_api_errors_total",
+	    "Failed Kubernetes API lists and watches, by role" },
+	{ "smg_discovery_synced",
+	    "1 while a role's pod list is current and its watch open" },
 };
 
 /*

@@ -260,6 +260,15 @@ def start_pod_sim(tmp_path, host, port, name, *extra):
     return proc
 
 
+def metric(g, family, labels):
+    """The value of family{labels} in g's /metrics, or None."""
+    want = f"{family}{{{labels}}} "
+    for line in g.metrics().splitlines():
+        if line.startswith(want):
+            return float(line[len(want):])
+    return None
+
+
 def urls(g):
     r = g.get("/workers", timeout=3)
     assert r.status == 200, r
@@ -322,6 +331,15 @@ def test_discovery_follows_pods(tmp_path):
             assert ub not in seen and ux not in seen, seen
             assert seen[ua]["worker_type"] == "regular"
             assert route_targets(g) == {ua}
+            util.wait_for(lambda: metric(g, "smg_discovery_synced",
+                                         'role="regular"') == 1,
+                          what="discovery in sync")
+            assert metric(g, "smg_discovery_pods",
+                          'role="regular",ready="true"') == 1
+            assert metric(g, "smg_discovery_pods",
+                          'role="regular",ready="false"') == 1
+            errors = metric(g, "smg_discovery_api_errors_total",
+                            'role="regular"')
 
             # An operator's worker: discovery never removes it.
             r = g.post("/workers", {"url": manual.url})
@@ -369,6 +387,8 @@ def test_discovery_follows_pods(tmp_path):
             log = g.log()
             assert "unreadable watch event" in log
             assert "longer than 1048576 bytes" in log
+            assert metric(g, "smg_discovery_api_errors_total",
+                          'role="regular"') > errors
 
             # The poller restarts while a pod goes: its first list
             # reconciles.
