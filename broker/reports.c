@@ -50,6 +50,20 @@ reports_failed(struct broker *br, struct worker *w)
 }
 
 static void
+reports_rank_size(struct broker *br, const struct worker *w, uint32_t size)
+{
+	struct worker *ranks[SHM_MAX_WORKERS];
+	char base[SHM_URL_MAX];
+	unsigned n, i;
+
+	if (url_rank_base(w->wk_url, base, sizeof(base)) == -1)
+		return;
+	n = registry_find_ranks(br, base, ranks, SHM_MAX_WORKERS);
+	for (i = 0; i < n && i < SHM_MAX_WORKERS; i++)
+		ranks[i]->wk_dp_size = size;
+}
+
+static void
 reports_discovery(struct broker *br, const Smg__WorkerDiscovery *d)
 {
 	struct worker *w;
@@ -86,6 +100,10 @@ reports_discovery(struct broker *br, const Smg__WorkerDiscovery *d)
 	if (br->br_cf->cf_dp_aware && d->dp_size > 0 &&
 	    url_rank(w->wk_url) < 0 && registry_expand(br, w, d->dp_size) == 0)
 		return;
+	/* Ranks named or restored as "<url>@N" learn their engine's size
+	 * from the one probe of that engine. */
+	if (d->dp_size > 0 && url_rank(w->wk_url) >= 0)
+		reports_rank_size(br, w, d->dp_size);
 	if (w->wk_status == SHM_WORKER_PENDING)
 		registry_set_status(br, w, SHM_WORKER_READY);
 }

@@ -325,7 +325,7 @@ reg_done_cb(void *arg, const struct upstream_result *res)
 			reg_get(pw, REGISTER_DP_INFO_GET, "/get_server_info");
 			return;
 		}
-		if (rs->rs_dp_size == 0)
+		if (rs->rs_dp_size == 0 && pw->pw_rank < 0)
 			log_info("%s: %s reports no dp_size: one worker, "
 			         "without data-parallel rank",
 			    __func__, pw->pw_url);
@@ -373,9 +373,10 @@ reg_next(struct pworker *pw)
 			return;
 		}
 	}
-	/* --dp-aware: how many data-parallel ranks the engine runs, unless
-	 * the URL names its rank (gateway.md §1, workers.md §2.1). */
-	if (pw->pw_poller->p_cf->cf_dp_aware && pw->pw_rank < 0) {
+	/* --dp-aware: how many data-parallel ranks the engine runs
+	 * (gateway.md §1, workers.md §2.1); a URL naming its rank is not
+	 * expanded but shows its engine's size. */
+	if (pw->pw_poller->p_cf->cf_dp_aware) {
 		reg_get(pw, REGISTER_DP_INFO, "/server_info");
 		return;
 	}

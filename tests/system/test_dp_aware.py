@@ -135,6 +135,9 @@ def test_explicit_rank_urls(tmp_path):
             ws = _workers(g)
             assert [x["url"] for x in ws] == [w.url + "@1"], ws
             assert ws[0]["dp_rank"] == 1
+            # A named rank learns its engine's size from the probe.
+            util.wait_for(lambda: _workers(g)[0]["dp_size"] == 2,
+                          what="dp_size of a named rank")
             w.reset_stats()
             r = g.post("/generate", BODY)
             assert r.status == 200, r
