@@ -115,6 +115,15 @@ ssize_t tls_conn_read(struct tls_conn *c, void *buf, size_t len);
  */
 ssize_t tls_conn_write(struct tls_conn *c, const void *buf, size_t len);
 
+/*
+ * The cipher suite agreed on, by its IANA name as mbedTLS spells it
+ * (e.g. "TLS-ECDHE-ECDSA-WITH-AES-128-CCM"); NULL before the handshake is
+ * complete. Contexts prefer AES-CCM, then ChaCha20-Poly1305, then AES-GCM
+ * when the CPU has AES instructions, and ChaCha20-Poly1305 otherwise (the
+ * fastest record ciphers of mbedTLS 2.28 on each: docs/decisions.md).
+ */
+const char *tls_conn_suite(const struct tls_conn *c);
+
 /* The protocol ALPN agreed on after the handshake, NULL when none. */
 const char *tls_conn_alpn(const struct tls_conn *c);
 
