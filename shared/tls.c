@@ -34,11 +34,21 @@ struct tls_ctx {
 	int *tc_suites; /* preference order, 0-terminated (mbedTLS keeps it) */
 };
 
+/*
+ * Bytes read from the fd ahead of mbedTLS. mbedTLS asks for a record's
+ * 5-byte header, then for its body: two read(2) calls a record. Reading
+ * up to this much at once makes a small record (a decision) cost one.
+ */
+#define TLS_READ_AHEAD 4096
+
 struct tls_conn {
 	struct tls_ctx *tn_ctx;
 	int tn_fd;
 	bool tn_handshaken;
 	mbedtls_ssl_context tn_ssl;
+	size_t tn_ra_off; /* read-ahead bytes not yet given to mbedTLS */
+	size_t tn_ra_len;
+	unsigned char tn_ra[TLS_READ_AHEAD];
 };
 
 static struct tls_ctx *tls_ctx_alloc(bool server);
@@ -362,13 +372,35 @@ tls_bio_send(void *arg, const unsigned char *buf, size_t len)
 	}
 }
 
+/*
+ * Read-ahead only once the handshake is done, and so only inside
+ * tls_conn_read, whose callers look at tls_conn_pending before they wait
+ * on the fd: bytes read ahead during a handshake could be application
+ * data that nothing would come back for.
+ */
 static int
 tls_bio_recv(void *arg, unsigned char *buf, size_t len)
 {
 	struct tls_conn *c = arg;
 	ssize_t n;
 
-	n = read(c->tn_fd, buf, len);
+	if (c->tn_ra_len > 0) {
+		n = (ssize_t)(len < c->tn_ra_len ? len : c->tn_ra_len);
+		memcpy(buf, c->tn_ra + c->tn_ra_off, (size_t)n);
+		c->tn_ra_off += (size_t)n;
+		c->tn_ra_len -= (size_t)n;
+		if (c->tn_ra_len == 0)
+			c->tn_ra_off = 0;
+		return (int)n;
+	}
+	if (c->tn_handshaken && len < sizeof(c->tn_ra)) {
+		n = read(c->tn_fd, c->tn_ra, sizeof(c->tn_ra));
+		if (n > 0) {
+			c->tn_ra_len = (size_t)n;
+			return tls_bio_recv(arg, buf, len);
+		}
+	} else
+		n = read(c->tn_fd, buf, len);
 	if (n >= 0)
 		return (int)n;
 	switch (errno) {
@@ -561,7 +593,7 @@ tls_conn_alpn(const struct tls_conn *c)
 size_t
 tls_conn_pending(const struct tls_conn *c)
 {
-	return mbedtls_ssl_get_bytes_avail(&c->tn_ssl);
+	return mbedtls_ssl_get_bytes_avail(&c->tn_ssl) + c->tn_ra_len;
 }
 
 int

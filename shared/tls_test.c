@@ -197,6 +197,18 @@ test_handshake_and_data(void **state)
 	assert_int_equal(tls_conn_pending(srv), 0);
 	assert_int_equal(tls_conn_read(srv, buf, sizeof(buf)), TLS_WANT_READ);
 
+	/* Two records in one read(2): the second waits off the fd. */
+	assert_int_equal(tls_conn_write(cli, "abc", 3), 3);
+	assert_int_equal(tls_conn_write(cli, "defg", 4), 4);
+	assert_int_equal(tls_conn_read(srv, buf, sizeof(buf)), 3);
+	assert_true(tls_conn_pending(srv) > 0);
+	pfd[0].fd = sv[0];
+	pfd[0].events = POLLIN;
+	assert_int_equal(poll(pfd, 1, 0), 0);
+	assert_int_equal(tls_conn_read(srv, buf + 3, sizeof(buf) - 3), 4);
+	assert_memory_equal(buf, "abcdefg", 7);
+	assert_int_equal(tls_conn_pending(srv), 0);
+
 	/* Server to client, more than the socket buffer holds. */
 	for (off = 0; off < sizeof(big); off++)
 		big[off] = (char)('a' + off % 26);
