@@ -408,7 +408,7 @@ def test_remote_group_over_mutual_tls(tmp_path):
     certs.mkdir()
     c = make_certs(str(certs))
     ws = [sim.start_simworker(tmp_path, "--time-scale", "0")
-          for _ in range(2)]
+          for _ in range(3)]
     bport = util.free_port()
     b = bad = None
     try:
@@ -438,6 +438,10 @@ def test_remote_group_over_mutual_tls(tmp_path):
             assert r.status == 200, r
             assert r.headers["x-smg-routed-worker-id"] == warmed
             assert metric(b, "smg_broker_fallback_decisions_total") == 0
+            # The table wait B's mirror holds is answered over TLS too.
+            r = b.post("/workers", {"url": ws[2].url})
+            assert r.status in (200, 201, 202), r
+            assert pushed_latency(g, b, 3, "worker added over TLS") < 1.0
             # A frontend whose certificate the broker does not trust gets
             # nothing from it: no table, and its worker API is refused.
             time.sleep(1.0)
