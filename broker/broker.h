@@ -882,7 +882,6 @@ uint8_t *remote_table_wait(struct broker *br, const Smg__TableWait *tw,
     size_t *reply_len);
 void remote_waits_check(struct broker *br);
 void remote_waits_sweep(struct broker *br, uint64_t now_ms);
-size_t remote_nwaits(const struct broker *br);
 void remote_free(struct broker *br);
 
 /* ---------------------------------------------------------- server.c */

@@ -367,12 +367,6 @@ remote_waits_sweep(struct broker *br, uint64_t now_ms)
 	free(same);
 }
 
-size_t
-remote_nwaits(const struct broker *br)
-{
-	return br->br_nwaits;
-}
-
 void
 remote_free(struct broker *br)
 {
