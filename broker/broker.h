@@ -869,6 +869,19 @@ uint32_t remote_in_flight(const struct broker *br, unsigned slot);
 uint64_t remote_pending(const struct broker *br, unsigned slot);
 size_t remote_nsources(const struct broker *br);
 void remote_sweep(struct broker *br, uint64_t now_ms);
+/*
+ * The mirroring frontend's long poll: a TableWait whose generation is not
+ * the registry's is answered at once with the table; otherwise the
+ * request is held (NULL returned, nothing to send now) until
+ * remote_waits_check sees the generation move (called before the loop
+ * sleeps, so a change made by any message or timer goes out in the same
+ * loop iteration) or remote_waits_sweep its wait_ms pass ("unchanged").
+ * A wait whose connection died is dropped by the sweep (server tick).
+ */
+uint8_t *remote_table_wait(struct broker *br, const Smg__TableWait *tw,
+    size_t *reply_len);
+void remote_waits_check(struct broker *br);
+void remote_waits_sweep(struct broker *br, uint64_t now_ms);
 void remote_free(struct broker *br);
 
 /* ---------------------------------------------------------- server.c */
@@ -893,6 +906,9 @@ struct broker {
 	size_t br_nsources;
 	uint32_t br_remote_inflight[SHM_MAX_WORKERS];
 	uint64_t br_remote_pending[SHM_MAX_WORKERS];
+	struct remote_wait *br_waits; /* held TableWait requests */
+	size_t br_nwaits;
+	uint64_t br_waits_gen; /* the generation they were last checked at */
 	/* registry */
 	struct worker *br_slots[SHM_MAX_WORKERS];
 	struct worker **br_order; /* registration order */

@@ -4,14 +4,17 @@
  * the figures are summed per worker slot beside the local rows that
  * live.c reads, so every load-aware choice sees the whole fleet. A source
  * silent for REMOTE_SILENT_INTERVALS of its interval is forgotten. The
- * reply carries the worker table when the mirroring frontend's generation
- * is not the registry's.
+ * mirroring frontend (row 0) of each group long-polls the worker table
+ * with a TableWait the broker holds until the registry generation moves;
+ * a HostSync asking for the table (an older frontend) still gets it when
+ * its generation is not the registry's.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "shared/ipc.h"
 #include "shared/log.h"
+#include "shared/sp.h"
 #include "shared/xmalloc.h"
 
 #include "broker.h"
@@ -20,6 +23,17 @@
 #define REMOTE_MAX_SOURCES      1024
 #define REMOTE_MIN_INTERVAL_MS  10
 #define REMOTE_MAX_INTERVAL_MS  10000
+#define REMOTE_MAX_WAITS        1024
+#define REMOTE_WAIT_MIN_MS      100
+#define REMOTE_WAIT_MAX_MS      60000
+#define REMOTE_WAIT_DEFAULT_MS  5000
+
+/* A held TableWait: answered when the generation moves or at deadline. */
+struct remote_wait {
+	struct sp_held *rw_held;
+	uint64_t rw_generation; /* the sender's */
+	uint64_t rw_deadline_ms;
+};
 
 /* One remote frontend: its figures as last reported. */
 struct remote_source {
@@ -35,6 +49,9 @@ struct remote_source {
 
 static void remote_drop_figures(struct broker *, struct remote_source *);
 static void remote_forget(struct broker *, size_t);
+static uint8_t *remote_table_reply(struct broker *, uint64_t, bool, size_t *);
+static void remote_wait_answer(struct broker *, size_t, const uint8_t *,
+    size_t);
 
 uint32_t
 remote_in_flight(const struct broker *br, unsigned slot)
@@ -207,23 +224,22 @@ remote_report(struct broker *br, const Smg__HostSync *hs)
 	remote_take(br, hs, now);
 }
 
-uint8_t *
-remote_sync(struct broker *br, const Smg__HostSync *hs, size_t *reply_len)
+/*
+ * A packed HostTable reply of generation gen, with the table when
+ * with_table. gen is read before the copy: a change meanwhile is seen
+ * next time.
+ */
+static uint8_t *
+remote_table_reply(struct broker *br, uint64_t gen, bool with_table,
+    size_t *reply_len)
 {
 	Smg__BrokerReply r = SMG__BROKER_REPLY__INIT;
 	Smg__HostTable t = SMG__HOST_TABLE__INIT;
-	uint64_t gen;
 	uint8_t *out;
 	size_t i;
 
-	if (hs->host == NULL || hs->host[0] == '\0')
-		return ipc_pack_error("malformed", "host sync without a host",
-		    reply_len);
-	remote_report(br, hs);
-	/* Read before the copy: a change meanwhile is seen next time. */
-	gen = shm_workers_generation(br->br_shm);
 	t.generation = gen;
-	if (hs->want_table && hs->table_generation != gen) {
+	if (with_table) {
 		t.has_table = true;
 		remote_table(br, &t);
 	}
@@ -237,11 +253,129 @@ remote_sync(struct broker *br, const Smg__HostSync *hs, size_t *reply_len)
 	return out;
 }
 
+uint8_t *
+remote_sync(struct broker *br, const Smg__HostSync *hs, size_t *reply_len)
+{
+	uint64_t gen;
+
+	if (hs->host == NULL || hs->host[0] == '\0')
+		return ipc_pack_error("malformed", "host sync without a host",
+		    reply_len);
+	remote_report(br, hs);
+	gen = shm_workers_generation(br->br_shm);
+	return remote_table_reply(br, gen,
+	    hs->want_table && hs->table_generation != gen, reply_len);
+}
+
+uint8_t *
+remote_table_wait(struct broker *br, const Smg__TableWait *tw,
+    size_t *reply_len)
+{
+	struct remote_wait *rw;
+	struct sp_held *h;
+	uint64_t gen = shm_workers_generation(br->br_shm);
+	uint32_t ms = tw->wait_ms;
+
+	if (tw->generation != gen)
+		return remote_table_reply(br, gen, true, reply_len);
+	/* Held: over the cap or outside a REP callback, "unchanged" now. */
+	if (br->br_nwaits >= REMOTE_MAX_WAITS || (h = sp_server_hold()) == NULL)
+		return remote_table_reply(br, gen, false, reply_len);
+	if (ms == 0)
+		ms = REMOTE_WAIT_DEFAULT_MS;
+	ms = ms < REMOTE_WAIT_MIN_MS  ? REMOTE_WAIT_MIN_MS
+	    : ms > REMOTE_WAIT_MAX_MS ? REMOTE_WAIT_MAX_MS
+	                              : ms;
+	br->br_waits = xreallocarray(br->br_waits, br->br_nwaits + 1,
+	    sizeof(*br->br_waits));
+	rw = &br->br_waits[br->br_nwaits++];
+	rw->rw_held = h;
+	rw->rw_generation = gen;
+	rw->rw_deadline_ms = shm_now_ms() + ms;
+	br->br_waits_gen = gen;
+	*reply_len = 0;
+	return NULL;
+}
+
+/* Answers wait i with a copy of the packed reply (none: dropped). */
+static void
+remote_wait_answer(struct broker *br, size_t i, const uint8_t *packed,
+    size_t len)
+{
+	struct sp_held *h = br->br_waits[i].rw_held;
+	uint8_t *copy;
+
+	br->br_waits[i] = br->br_waits[--br->br_nwaits];
+	if (packed == NULL || !sp_held_alive(h)) {
+		sp_held_drop(h);
+		return;
+	}
+	copy = xmalloc(len > 0 ? len : 1);
+	memcpy(copy, packed, len);
+	sp_held_reply(h, copy, len);
+}
+
+void
+remote_waits_check(struct broker *br)
+{
+	uint64_t gen;
+	uint8_t *table = NULL;
+	size_t len = 0, i = 0;
+
+	if (br->br_nwaits == 0 ||
+	    (gen = shm_workers_generation(br->br_shm)) == br->br_waits_gen)
+		return;
+	br->br_waits_gen = gen;
+	while (i < br->br_nwaits) {
+		if (br->br_waits[i].rw_generation == gen) {
+			i++;
+			continue;
+		}
+		/* One table for every waiter of this change. */
+		if (table == NULL &&
+		    (table = remote_table_reply(br, gen, true, &len)) == NULL) {
+			log_warnx("%s: cannot pack the worker table", __func__);
+			return;
+		}
+		remote_wait_answer(br, i, table, len);
+	}
+	free(table);
+}
+
+void
+remote_waits_sweep(struct broker *br, uint64_t now_ms)
+{
+	uint8_t *same = NULL;
+	size_t len = 0, i = 0;
+
+	while (i < br->br_nwaits) {
+		if (!sp_held_alive(br->br_waits[i].rw_held)) {
+			remote_wait_answer(br, i, NULL, 0);
+			continue;
+		}
+		if (now_ms < br->br_waits[i].rw_deadline_ms) {
+			i++;
+			continue;
+		}
+		/* Only waits still at the current generation are left. */
+		if (same == NULL &&
+		    (same = remote_table_reply(br, br->br_waits_gen, false,
+		         &len)) == NULL)
+			return;
+		remote_wait_answer(br, i, same, len);
+	}
+	free(same);
+}
+
 void
 remote_free(struct broker *br)
 {
 	while (br->br_nsources > 0)
 		remote_forget(br, br->br_nsources - 1);
+	while (br->br_nwaits > 0)
+		remote_wait_answer(br, br->br_nwaits - 1, NULL, 0);
+	free(br->br_waits);
+	br->br_waits = NULL;
 	free(br->br_sources);
 	br->br_sources = NULL;
 }

@@ -479,6 +479,10 @@ server_frontend(struct broker *br, const uint8_t *msg, size_t len,
 	case SMG__FRONTEND_MSG__BODY_HOST_SYNC:
 		out = remote_sync(br, m->host_sync, reply_len);
 		break;
+	case SMG__FRONTEND_MSG__BODY_TABLE_WAIT:
+		/* NULL: held until the table changes (remote.c). */
+		out = remote_table_wait(br, m->table_wait, reply_len);
+		break;
 	case SMG__FRONTEND_MSG__BODY_ADMIN:
 		admin_handle(br, m->admin, &ar);
 		r.body_case = SMG__BROKER_REPLY__BODY_ADMIN;
@@ -544,6 +548,7 @@ server_tick_cb(struct ev_loop *loop, ev_timer *t, int revents)
 		stats_set(br, w->wk_m_active, live_in_flight(br, w));
 	}
 	remote_sweep(br, shm_now_ms());
+	remote_waits_sweep(br, shm_now_ms());
 	live_tick(br);
 	policy_sweep_all(br, shm_now_ms());
 	sticky_sweep(br, shm_now_ms());
@@ -558,6 +563,7 @@ server_prepare_cb(struct ev_loop *loop, ev_prepare *p, int revents)
 	(void)revents;
 	if (store_flush_due(br->br_store, shm_now_ms()))
 		(void)store_flush(br->br_store);
+	remote_waits_check(br);
 }
 
 /*

@@ -5,23 +5,36 @@
  * row's live load (requests in flight and prompt tokens pending per worker
  * slot), and the frontend of
  * row 0 mirrors the broker's worker table into the local segment: it
- * sends the registry generation it holds and gets the whole table back
- * when that is not the broker's. While the broker is away the last table
- * stays, so the local fallback, /workers and /v1/models keep answering.
+ * keeps one TableWait with the registry generation it holds at the
+ * broker, which answers with the whole table as soon as the generation
+ * is not that one (at once when it already is not, so the first wait,
+ * with generation 0, brings the snapshot), or "unchanged" after
+ * HOSTSYNC_WAIT_MS. A broker that does not know TableWait gets the old
+ * question instead: the generation with every HostSync. While the broker
+ * is away the last table stays, so the local fallback, /workers and
+ * /v1/models keep answering.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include <nng/nng.h>
+
 #include "frontend/frontend.h"
 #include "shared/ipc.h"
 #include "shared/log.h"
 #include "shared/xmalloc.h"
 
-#define HOSTSYNC_SECS 0.1
+#define HOSTSYNC_SECS          0.1
+#define HOSTSYNC_WAIT_MS       5000 /* how long the broker may hold a TableWait */
+#define HOSTSYNC_WAIT_SLACK_MS 2000 /* beyond it, the wait has failed */
+#define HOSTSYNC_RETRY_SECS    0.1 /* after a failed wait */
 
 static ev_timer hostsync_timer;
+static ev_timer hostsync_retry;
+static bool hostsync_waiting; /* a TableWait is at the broker */
+static bool hostsync_longpoll; /* false: the broker predates TableWait */
 static bool hostsync_on;
 static bool hostsync_pending;
 static bool hostsync_mirror; /* this frontend writes the worker table */
@@ -35,6 +48,9 @@ static Smg__WorkerLive *hostsync_lvp[SHM_MAX_WORKERS];
 static void hostsync_timer_cb(struct ev_loop *, ev_timer *, int);
 static void hostsync_reply_cb(void *, int, const uint8_t *, size_t);
 static void hostsync_apply(const Smg__HostTable *);
+static void hostsync_wait_send(void);
+static void hostsync_wait_cb(void *, int, const uint8_t *, size_t);
+static void hostsync_retry_cb(struct ev_loop *, ev_timer *, int);
 
 void
 hostsync_init(void)
@@ -49,9 +65,14 @@ hostsync_init(void)
 	snprintf(hostsync_host, sizeof(hostsync_host), "%s:%s", name,
 	    fe->fe_cf->cf_run_dir);
 	hostsync_mirror = fe->fe_row == 0;
+	hostsync_longpoll = true;
 	hostsync_on = true;
 	ev_timer_init(&hostsync_timer, hostsync_timer_cb, 0., HOSTSYNC_SECS);
 	ev_timer_start(fe->fe_loop, &hostsync_timer);
+	ev_timer_init(&hostsync_retry, hostsync_retry_cb, HOSTSYNC_RETRY_SECS,
+	    0.);
+	if (hostsync_mirror)
+		hostsync_wait_send();
 }
 
 void
@@ -60,6 +81,7 @@ hostsync_shutdown(void)
 	if (!hostsync_on)
 		return;
 	ev_timer_stop(fe->fe_loop, &hostsync_timer);
+	ev_timer_stop(fe->fe_loop, &hostsync_retry);
 	hostsync_on = false;
 }
 
@@ -125,7 +147,7 @@ hostsync_timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
 	(void)revents;
 	if (hostsync_pending || (hs = hostsync_live()) == NULL)
 		return;
-	hs->want_table = hostsync_mirror;
+	hs->want_table = hostsync_mirror && !hostsync_longpoll;
 	hs->table_generation = hostsync_generation;
 	m.version = IPC_VERSION;
 	m.body_case = SMG__FRONTEND_MSG__BODY_HOST_SYNC;
@@ -155,6 +177,84 @@ hostsync_reply_cb(void *arg, int status, const uint8_t *reply, size_t len)
 	if (r->body_case == SMG__BROKER_REPLY__BODY_HOST_TABLE &&
 	    hostsync_mirror && r->host_table->has_table)
 		hostsync_apply(r->host_table);
+	smg__broker_reply__free_unpacked(r, NULL);
+}
+
+/* The long poll: one TableWait at the broker at a time. */
+static void
+hostsync_wait_send(void)
+{
+	Smg__FrontendMsg m = SMG__FRONTEND_MSG__INIT;
+	Smg__TableWait tw = SMG__TABLE_WAIT__INIT;
+	uint8_t *buf;
+	size_t len;
+
+	if (!hostsync_on || !hostsync_longpoll || hostsync_waiting)
+		return;
+	tw.generation = hostsync_generation;
+	tw.wait_ms = HOSTSYNC_WAIT_MS;
+	m.version = IPC_VERSION;
+	m.body_case = SMG__FRONTEND_MSG__BODY_TABLE_WAIT;
+	m.table_wait = &tw;
+	if ((buf = ipc_pack_frontend(&m, &len)) != NULL &&
+	    ipc_client_send(fe->fe_broker, buf, len,
+	        HOSTSYNC_WAIT_MS + HOSTSYNC_WAIT_SLACK_MS, hostsync_wait_cb,
+	        NULL) == 0)
+		hostsync_waiting = true;
+	else
+		ev_timer_start(fe->fe_loop, &hostsync_retry);
+	free(buf);
+}
+
+static void
+hostsync_retry_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	(void)loop;
+	(void)w;
+	(void)revents;
+	hostsync_wait_send();
+}
+
+static void
+hostsync_wait_cb(void *arg, int status, const uint8_t *reply, size_t len)
+{
+	Smg__BrokerReply *r;
+	const char *why;
+
+	(void)arg;
+	hostsync_waiting = false;
+	if (!hostsync_on || status == NNG_ECLOSED)
+		return;
+	if (status != 0) {
+		/*
+		 * Lost with its connection, or not answered in time: the
+		 * next wait asks for a fresh snapshot, whichever broker
+		 * answers it.
+		 */
+		hostsync_generation = 0;
+		ev_timer_start(fe->fe_loop, &hostsync_retry);
+		return;
+	}
+	if ((r = ipc_decode_broker(reply, len, &why)) == NULL) {
+		log_warnx("%s: broker reply rejected: %s", __func__, why);
+		ev_timer_start(fe->fe_loop, &hostsync_retry);
+		return;
+	}
+	if (r->body_case == SMG__BROKER_REPLY__BODY_HOST_TABLE) {
+		if (r->host_table->has_table)
+			hostsync_apply(r->host_table);
+		hostsync_wait_send();
+	} else if (r->body_case == SMG__BROKER_REPLY__BODY_ERROR &&
+	    r->error->code != NULL &&
+	    (strcmp(r->error->code, "unknown") == 0 ||
+	        strcmp(r->error->code, "empty") == 0)) {
+		/* "empty": the message's body is a field it cannot decode. */
+		log_info("%s: the broker does not hold table waits; "
+		         "the generation goes with every sync",
+		    __func__);
+		hostsync_longpoll = false;
+	} else
+		ev_timer_start(fe->fe_loop, &hostsync_retry);
 	smg__broker_reply__free_unpacked(r, NULL);
 }
 

@@ -54,8 +54,10 @@ struct ipc_server;
  * Called on the loop for each received message. For a REP server the
  * callback must set *reply and *reply_len to a malloc'ed buffer (ownership
  * passes to ipc) or leave *reply NULL to send nothing (REP then drops the
- * request and the client times out). For PULL, reply and reply_len are
- * NULL. The callback may call ipc_server_free on its own server.
+ * request and the client times out), or hold the request and answer it
+ * later (sp_server_hold, shared/sp.h: a REP server is an sp_server). For PULL,
+ * reply and reply_len are NULL. The callback may call ipc_server_free on its
+ * own server.
  */
 typedef void (*ipc_server_cb)(void *arg, const uint8_t *msg, size_t len,
     uint8_t **reply, size_t *reply_len);

@@ -107,13 +107,31 @@ struct sp_client {
 	void *cl_owner; /* freed with the client */
 };
 
+/* A request whose reply the server gives later (sp_server_hold). */
+struct sp_held {
+	struct sp_sconn *h_sc; /* NULL: its connection is gone */
+	uint8_t h_bt[4 * SP_MAX_HOPS]; /* the backtrace the reply echoes */
+	size_t h_btlen;
+	TAILQ_ENTRY(sp_held) h_link;
+};
+
 struct sp_sconn {
 	struct sp_server *sc_srv;
 	struct sp_conn sc_conn;
 	ev_timer sc_timer; /* handshake deadline */
 	bool sc_dead;
+	TAILQ_HEAD(, sp_held) sc_held;
 	TAILQ_ENTRY(sp_sconn) sc_link;
 };
+
+/* The request an sp_request_cb is handling, for sp_server_hold. */
+struct sp_current {
+	struct sp_sconn *cur_sc;
+	const uint8_t *cur_bt;
+	size_t cur_btlen;
+	struct sp_held *cur_held;
+};
+static struct sp_current *sp_cur;
 
 struct sp_server {
 	struct ev_loop *srv_loop;
@@ -1307,6 +1325,13 @@ sp_server_leave(struct sp_server *srv)
 static void
 sp_server_drop(struct sp_server *srv, struct sp_sconn *sc)
 {
+	struct sp_held *h;
+
+	/* Held requests outlive the connection until their owner answers. */
+	while ((h = TAILQ_FIRST(&sc->sc_held)) != NULL) {
+		TAILQ_REMOVE(&sc->sc_held, h, h_link);
+		h->h_sc = NULL;
+	}
 	TAILQ_REMOVE(&srv->srv_conns, sc, sc_link);
 	srv->srv_nconns--;
 	ev_timer_stop(srv->srv_loop, &sc->sc_timer);
@@ -1345,6 +1370,7 @@ sp_server_accept_cb(struct ev_loop *loop, ev_io *w, int revents)
 			sp_tcp_nodelay(fd);
 		sc = xcalloc(1, sizeof(*sc));
 		sc->sc_srv = srv;
+		TAILQ_INIT(&sc->sc_held);
 		sp_conn_init(&sc->sc_conn, fd, SP_PROTO_REP0, SP_PROTO_REQ0,
 		    srv->srv_max, srv->srv_unix);
 		ev_io_init(&sc->sc_conn.c_io, sp_server_conn_cb, fd, 0);
@@ -1424,11 +1450,15 @@ sp_server_conn_cb(struct ev_loop *loop, ev_io *w, int revents)
 	sp_server_leave(srv);
 }
 
-/* One request frame: hand the body over, frame the reply behind it. */
+/*
+ * One request frame: hand the body over, frame the reply behind it (or
+ * nothing now when the callback held the request).
+ */
 static void
 sp_server_request(struct sp_server *srv, struct sp_sconn *sc, const uint8_t *p,
     size_t len)
 {
+	struct sp_current cur, *prev;
 	uint8_t *reply = NULL;
 	size_t reply_len = 0;
 	int bt;
@@ -1443,11 +1473,81 @@ sp_server_request(struct sp_server *srv, struct sp_sconn *sc, const uint8_t *p,
 		    SP_MAX_HOPS);
 		return;
 	}
+	cur.cur_sc = sc;
+	cur.cur_bt = p;
+	cur.cur_btlen = (size_t)bt;
+	cur.cur_held = NULL;
+	prev = sp_cur;
+	sp_cur = &cur;
 	srv->srv_cb(srv->srv_arg, p + bt, len - (size_t)bt, &reply, &reply_len);
+	sp_cur = prev;
+	if (cur.cur_held != NULL) {
+		free(reply);
+		return;
+	}
 	if (reply == NULL)
 		return;
 	if (!srv->srv_free_pending &&
 	    sp_conn_frame(&sc->sc_conn, p, (size_t)bt, reply, reply_len) == -1)
 		sc->sc_dead = true;
 	free(reply);
+}
+
+struct sp_held *
+sp_server_hold(void)
+{
+	struct sp_held *h;
+
+	if (sp_cur == NULL || sp_cur->cur_held != NULL)
+		return NULL;
+	h = xcalloc(1, sizeof(*h));
+	h->h_sc = sp_cur->cur_sc;
+	memcpy(h->h_bt, sp_cur->cur_bt, sp_cur->cur_btlen);
+	h->h_btlen = sp_cur->cur_btlen;
+	TAILQ_INSERT_TAIL(&h->h_sc->sc_held, h, h_link);
+	sp_cur->cur_held = h;
+	return h;
+}
+
+bool
+sp_held_alive(const struct sp_held *h)
+{
+	return h != NULL && h->h_sc != NULL && !h->h_sc->sc_dead &&
+	    !h->h_sc->sc_srv->srv_free_pending;
+}
+
+/*
+ * The reply is framed now; the write happens from the connection's own
+ * callback (fed as writable), so that a write error may drop the
+ * connection wherever this was called from.
+ */
+void
+sp_held_reply(struct sp_held *h, uint8_t *reply, size_t len)
+{
+	struct sp_sconn *sc;
+
+	if (h == NULL) {
+		free(reply);
+		return;
+	}
+	if (sp_held_alive(h)) {
+		sc = h->h_sc;
+		if (sp_conn_frame(&sc->sc_conn, h->h_bt, h->h_btlen, reply,
+		        len) == -1)
+			sc->sc_dead = true;
+		ev_feed_event(sc->sc_srv->srv_loop, &sc->sc_conn.c_io,
+		    EV_WRITE);
+	}
+	free(reply);
+	sp_held_drop(h);
+}
+
+void
+sp_held_drop(struct sp_held *h)
+{
+	if (h == NULL)
+		return;
+	if (h->h_sc != NULL)
+		TAILQ_REMOVE(&h->h_sc->sc_held, h, h_link);
+	free(h);
 }

@@ -159,9 +159,10 @@ typedef void (*sp_request_cb)(void *arg, const uint8_t *msg, size_t len,
  * Listens on the Unix socket path, which must not exist (the caller
  * removes a stale one), and serves any number of REQ peers, each on its
  * own connection; several requests may be pipelined on one connection and
- * are answered in order. A frame over max_frame, a malformed frame or a
- * peer that does not read its replies closes only that connection. NULL
- * (logged) on failure.
+ * are answered in order, except those held (sp_server_hold), whose replies
+ * go out when given, after any answered since. A frame over max_frame, a
+ * malformed frame or a peer that does not read its replies closes only that
+ * connection. NULL (logged) on failure.
  */
 struct sp_server *sp_server_new(struct ev_loop *loop, const char *path,
     size_t max_frame, sp_request_cb cb, void *arg);
@@ -187,5 +188,28 @@ int sp_server_port(const struct sp_server *srv);
 void sp_server_free(struct sp_server *srv);
 /* Connections currently open. */
 unsigned sp_server_nconns(const struct sp_server *srv);
+
+/*
+ * A deferred reply (a long poll). Called from an sp_request_cb, holds the
+ * request being handled: the callback's *reply is then ignored (freed if
+ * set), and the reply is given later with sp_held_reply, keyed by the
+ * request's backtrace. Requests after it on the same connection are
+ * answered meanwhile (an SP REQ peer matches replies by request id).
+ * NULL outside a request callback or when already held. The handle is
+ * the caller's until sp_held_reply or sp_held_drop, even after its
+ * connection or server is gone.
+ */
+struct sp_held;
+struct sp_held *sp_server_hold(void);
+/* false once the held request's connection is gone (or being freed). */
+bool sp_held_alive(const struct sp_held *h);
+/*
+ * Sends the malloc'ed reply (ownership passes) on the held request's
+ * connection when it is still up, else drops it, and frees h. Never
+ * calls back into the caller. NULL h: frees reply.
+ */
+void sp_held_reply(struct sp_held *h, uint8_t *reply, size_t len);
+/* Frees h without answering (the peer's request times out). NULL: no-op. */
+void sp_held_drop(struct sp_held *h);
 
 #endif /* SHARED_SP_H */

@@ -1021,6 +1021,106 @@ test_send_from_timeout(void **state)
 	sp_server_free(srv);
 }
 
+/* Holds "wait" requests (at most 4); answers the others at once. */
+struct holder {
+	struct sp_held *ho_held[4];
+	int ho_n;
+	int ho_null; /* sp_server_hold returned NULL on a second call */
+};
+
+static void
+hold_cb(void *arg, const uint8_t *msg, size_t len, uint8_t **reply,
+    size_t *reply_len)
+{
+	struct holder *ho = arg;
+
+	if (len == 4 && memcmp(msg, "wait", 4) == 0 && ho->ho_n < 4) {
+		assert_non_null(ho->ho_held[ho->ho_n] = sp_server_hold());
+		if (sp_server_hold() == NULL)
+			ho->ho_null++;
+		ho->ho_n++;
+		return;
+	}
+	echo_cb(NULL, msg, len, reply, reply_len);
+}
+
+/*
+ * A held request does not hold up the ones behind it on the connection;
+ * its reply, given later, reaches the right request. A hold whose
+ * connection died is dropped cleanly.
+ */
+static void
+test_held_reply(void **state)
+{
+	struct fixture *fx = *state;
+	struct holder ho;
+	struct rec held, quick, gone;
+	struct sp_server *srv;
+	struct sp_client *cl;
+	uint8_t *r;
+
+	memset(&ho, 0, sizeof(ho));
+	memset(&held, 0, sizeof(held));
+	memset(&quick, 0, sizeof(quick));
+	memset(&gone, 0, sizeof(gone));
+	assert_null(sp_server_hold()); /* outside a request callback */
+	srv = sp_server_new(fx->fx_loop, fx->fx_path, TEST_MAX, hold_cb, &ho);
+	assert_non_null(srv);
+	cl = sp_client_new(fx->fx_loop, fx->fx_path, 4, TEST_MAX);
+	assert_non_null(cl);
+	assert_int_equal(
+	    sp_client_send(cl, (const uint8_t *)"wait", 4, 5000, rec_cb, &held),
+	    0);
+	assert_int_equal(
+	    sp_client_send(cl, (const uint8_t *)"now", 3, 5000, rec_cb, &quick),
+	    0);
+	assert_true(run_until(fx->fx_loop, &quick.r_calls, 1, 5.0));
+	assert_string_equal(quick.r_body, ">now");
+	assert_int_equal(held.r_calls, 0);
+	assert_int_equal(ho.ho_n, 1);
+	assert_int_equal(ho.ho_null, 1);
+	assert_true(sp_held_alive(ho.ho_held[0]));
+	r = malloc(5);
+	assert_non_null(r);
+	memcpy(r, "later", 5);
+	sp_held_reply(ho.ho_held[0], r, 5);
+	assert_true(run_until(fx->fx_loop, &held.r_calls, 1, 5.0));
+	assert_int_equal(held.r_status, 0);
+	assert_string_equal(held.r_body, "later");
+
+	/* The client goes away while the server holds its request. */
+	assert_int_equal(
+	    sp_client_send(cl, (const uint8_t *)"wait", 4, 5000, rec_cb, &gone),
+	    0);
+	assert_true(run_until(fx->fx_loop, &ho.ho_n, 2, 5.0));
+	sp_client_free(cl);
+	assert_int_equal(gone.r_status, NNG_ECLOSED);
+	{
+		int none = 0;
+
+		/* Let the server see the end of the stream. */
+		(void)run_until(fx->fx_loop, &none, 1, 0.2);
+	}
+	assert_int_equal(sp_server_nconns(srv), 0);
+	assert_false(sp_held_alive(ho.ho_held[1]));
+	r = malloc(1);
+	assert_non_null(r);
+	sp_held_reply(ho.ho_held[1], r, 1); /* dropped, freed */
+
+	/* A hold outliving its server is still the caller's to free. */
+	cl = sp_client_new(fx->fx_loop, fx->fx_path, 4, TEST_MAX);
+	assert_non_null(cl);
+	memset(&gone, 0, sizeof(gone));
+	assert_int_equal(
+	    sp_client_send(cl, (const uint8_t *)"wait", 4, 5000, rec_cb, &gone),
+	    0);
+	assert_true(run_until(fx->fx_loop, &ho.ho_n, 3, 5.0));
+	sp_server_free(srv);
+	assert_false(sp_held_alive(ho.ho_held[2]));
+	sp_held_drop(ho.ho_held[2]);
+	sp_client_free(cl);
+}
+
 /* ------------------------------------------------------------------ TCP */
 
 /* A loopback port nobody listens on just now. */
@@ -1370,6 +1470,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_client_limits, setup,
 		    teardown),
 		cmocka_unit_test_setup_teardown(test_send_from_timeout, setup,
+		    teardown),
+		cmocka_unit_test_setup_teardown(test_held_reply, setup,
 		    teardown),
 		cmocka_unit_test(test_tcp_codec),
 		cmocka_unit_test_setup_teardown(test_tcp_nng_req_to_server,

@@ -10,12 +10,14 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <mbedtls/aesni.h>
 #include <mbedtls/ctr_drbg.h>
 #include <mbedtls/entropy.h>
 #include <mbedtls/error.h>
 #include <mbedtls/net_sockets.h>
 #include <mbedtls/pk.h>
 #include <mbedtls/ssl.h>
+#include <mbedtls/ssl_ciphersuites.h>
 #include <mbedtls/x509_crt.h>
 
 #include "shared/log.h"
@@ -29,19 +31,32 @@ struct tls_ctx {
 	mbedtls_x509_crt tc_ca; /* client: trusted CAs */
 	mbedtls_x509_crt tc_cert; /* own certificate (server, or mTLS) */
 	mbedtls_pk_context tc_key;
+	int *tc_suites; /* preference order, 0-terminated (mbedTLS keeps it) */
 };
+
+/*
+ * Bytes read from the fd ahead of mbedTLS. mbedTLS asks for a record's
+ * 5-byte header, then for its body: two read(2) calls a record. Reading
+ * up to this much at once makes a small record (a decision) cost one.
+ */
+#define TLS_READ_AHEAD 4096
 
 struct tls_conn {
 	struct tls_ctx *tn_ctx;
 	int tn_fd;
 	bool tn_handshaken;
 	mbedtls_ssl_context tn_ssl;
+	size_t tn_ra_off; /* read-ahead bytes not yet given to mbedTLS */
+	size_t tn_ra_len;
+	unsigned char tn_ra[TLS_READ_AHEAD];
 };
 
 static struct tls_ctx *tls_ctx_alloc(bool server);
 static int tls_load_own(struct tls_ctx *ctx, const char *cert_path,
     const char *key_path);
 static void tls_log_err(const char *func, const char *what, int ret);
+static int tls_suite_rank(const mbedtls_ssl_ciphersuite_t *cs, bool aes_hw);
+static int tls_conf_suites(struct tls_ctx *ctx);
 static int tls_bio_send(void *arg, const unsigned char *buf, size_t len);
 static int tls_bio_recv(void *arg, unsigned char *buf, size_t len);
 static struct tls_conn *tls_conn_new(struct tls_ctx *ctx, int fd,
@@ -97,7 +112,97 @@ tls_ctx_alloc(bool server)
 	/* TLS 1.2 is the oldest version worth accepting. */
 	mbedtls_ssl_conf_min_version(&ctx->tc_conf, MBEDTLS_SSL_MAJOR_VERSION_3,
 	    MBEDTLS_SSL_MINOR_VERSION_3);
+	if (tls_conf_suites(ctx) == -1) {
+		tls_ctx_free(ctx);
+		return NULL;
+	}
 	return ctx;
+}
+
+/*
+ * Where a suite goes in our preference: lower first. Only the record
+ * cipher is ranked; the library's order (forward secrecy first) stays
+ * within a rank. Per record in mbedTLS 2.28 with AES-NI, AES-CCM costs
+ * about half of ChaCha20-Poly1305, and AES-GCM more than ChaCha20 (its
+ * GHASH goes one block at a time): docs/decisions.md has the figures.
+ * Without AES-NI, software AES is the slowest of all.
+ */
+static int
+tls_suite_rank(const mbedtls_ssl_ciphersuite_t *cs, bool aes_hw)
+{
+	int rank;
+
+	if (cs->flags & MBEDTLS_CIPHERSUITE_SHORT_TAG)
+		rank = 6;
+	else if (cs->cipher == MBEDTLS_CIPHER_CHACHA20_POLY1305)
+		rank = aes_hw ? 2 : 0;
+	else if (!aes_hw)
+		rank = 6;
+	else if (cs->cipher == MBEDTLS_CIPHER_AES_128_CCM)
+		rank = 0;
+	else if (cs->cipher == MBEDTLS_CIPHER_AES_256_CCM)
+		rank = 1;
+	else if (cs->cipher == MBEDTLS_CIPHER_AES_128_GCM)
+		rank = 3;
+	else if (cs->cipher == MBEDTLS_CIPHER_AES_256_GCM)
+		rank = 4;
+	else
+		rank = 6;
+	/*
+	 * The key exchange goes before the cipher: ECDHE, then finite-field
+	 * DHE (a far slower handshake), then suites without forward secrecy.
+	 */
+	switch (cs->key_exchange) {
+	case MBEDTLS_KEY_EXCHANGE_ECDHE_ECDSA:
+	case MBEDTLS_KEY_EXCHANGE_ECDHE_RSA:
+	case MBEDTLS_KEY_EXCHANGE_ECDHE_PSK:
+		return rank;
+	case MBEDTLS_KEY_EXCHANGE_DHE_RSA:
+	case MBEDTLS_KEY_EXCHANGE_DHE_PSK:
+		return 10 + rank;
+	default:
+		return 20 + rank;
+	}
+}
+
+/* The library's suites, reordered for the ciphers this CPU runs fast. */
+static int
+tls_conf_suites(struct tls_ctx *ctx)
+{
+	const mbedtls_ssl_ciphersuite_t *cs;
+	const int *all = mbedtls_ssl_list_ciphersuites();
+	bool aes_hw;
+	size_t n, i, j;
+	int *v, *rank, id, r;
+
+	aes_hw = mbedtls_aesni_has_support(MBEDTLS_AESNI_AES) != 0;
+	for (n = 0; all[n] != 0; n++)
+		;
+	v = calloc(n + 1, sizeof(*v));
+	rank = calloc(n + 1, sizeof(*rank));
+	if (v == NULL || rank == NULL) {
+		log_warn("%s: calloc", __func__);
+		free(v);
+		free(rank);
+		return -1;
+	}
+	/* Insertion sort: stable, and the list is short. */
+	for (i = 0; i < n; i++) {
+		id = all[i];
+		r = (cs = mbedtls_ssl_ciphersuite_from_id(id)) != NULL
+		    ? tls_suite_rank(cs, aes_hw)
+		    : 100;
+		for (j = i; j > 0 && rank[j - 1] > r; j--) {
+			v[j] = v[j - 1];
+			rank[j] = rank[j - 1];
+		}
+		v[j] = id;
+		rank[j] = r;
+	}
+	free(rank);
+	ctx->tc_suites = v;
+	mbedtls_ssl_conf_ciphersuites(&ctx->tc_conf, ctx->tc_suites);
+	return 0;
 }
 
 static int
@@ -239,6 +344,7 @@ tls_ctx_free(struct tls_ctx *ctx)
 	mbedtls_x509_crt_free(&ctx->tc_ca);
 	mbedtls_ctr_drbg_free(&ctx->tc_drbg);
 	mbedtls_entropy_free(&ctx->tc_entropy);
+	free(ctx->tc_suites);
 	free(ctx);
 }
 
@@ -266,13 +372,35 @@ tls_bio_send(void *arg, const unsigned char *buf, size_t len)
 	}
 }
 
+/*
+ * Read-ahead only once the handshake is done, and so only inside
+ * tls_conn_read, whose callers look at tls_conn_pending before they wait
+ * on the fd: bytes read ahead during a handshake could be application
+ * data that nothing would come back for.
+ */
 static int
 tls_bio_recv(void *arg, unsigned char *buf, size_t len)
 {
 	struct tls_conn *c = arg;
 	ssize_t n;
 
-	n = read(c->tn_fd, buf, len);
+	if (c->tn_ra_len > 0) {
+		n = (ssize_t)(len < c->tn_ra_len ? len : c->tn_ra_len);
+		memcpy(buf, c->tn_ra + c->tn_ra_off, (size_t)n);
+		c->tn_ra_off += (size_t)n;
+		c->tn_ra_len -= (size_t)n;
+		if (c->tn_ra_len == 0)
+			c->tn_ra_off = 0;
+		return (int)n;
+	}
+	if (c->tn_handshaken && len < sizeof(c->tn_ra)) {
+		n = read(c->tn_fd, c->tn_ra, sizeof(c->tn_ra));
+		if (n > 0) {
+			c->tn_ra_len = (size_t)n;
+			return tls_bio_recv(arg, buf, len);
+		}
+	} else
+		n = read(c->tn_fd, buf, len);
 	if (n >= 0)
 		return (int)n;
 	switch (errno) {
@@ -392,6 +520,8 @@ tls_conn_handshake(struct tls_conn *c)
 	if ((ret = mbedtls_ssl_handshake(&c->tn_ssl)) != 0)
 		return tls_map(c, __func__, ret);
 	c->tn_handshaken = true;
+	log_debug("%s: %s side: %s", __func__,
+	    c->tn_ctx->tc_server ? "server" : "client", tls_conn_suite(c));
 	return TLS_OK;
 }
 
@@ -447,6 +577,14 @@ tls_ctx_set_alpn(struct tls_ctx *ctx, const char **protos)
 }
 
 const char *
+tls_conn_suite(const struct tls_conn *c)
+{
+	if (!c->tn_handshaken)
+		return NULL;
+	return mbedtls_ssl_get_ciphersuite(&c->tn_ssl);
+}
+
+const char *
 tls_conn_alpn(const struct tls_conn *c)
 {
 	return mbedtls_ssl_get_alpn_protocol(&c->tn_ssl);
@@ -455,7 +593,7 @@ tls_conn_alpn(const struct tls_conn *c)
 size_t
 tls_conn_pending(const struct tls_conn *c)
 {
-	return mbedtls_ssl_get_bytes_avail(&c->tn_ssl);
+	return mbedtls_ssl_get_bytes_avail(&c->tn_ssl) + c->tn_ra_len;
 }
 
 int

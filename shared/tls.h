@@ -16,9 +16,9 @@
  * the peer ended the session (close_notify or EOF); TLS_ERROR is fatal for
  * the connection (it has been logged).
  *
- * mbedTLS may hold decrypted bytes that the fd no longer signals: after a
- * read, call tls_conn_read again while tls_conn_pending is non-zero before
- * waiting on the fd.
+ * mbedTLS may hold decrypted bytes, and a connection received bytes, that
+ * the fd no longer signals: after a read, call tls_conn_read again while
+ * tls_conn_pending is non-zero before waiting on the fd.
  */
 #ifndef SHARED_TLS_H
 #define SHARED_TLS_H
@@ -115,10 +115,25 @@ ssize_t tls_conn_read(struct tls_conn *c, void *buf, size_t len);
  */
 ssize_t tls_conn_write(struct tls_conn *c, const void *buf, size_t len);
 
+/*
+ * The cipher suite agreed on, by its IANA name as mbedTLS spells it
+ * (e.g. "TLS-ECDHE-ECDSA-WITH-AES-128-CCM"); NULL before the handshake is
+ * complete. Contexts prefer AES-CCM, then ChaCha20-Poly1305, then AES-GCM
+ * when the CPU has AES instructions, and ChaCha20-Poly1305 otherwise (the
+ * fastest record ciphers of mbedTLS 2.28 on each: docs/decisions.md).
+ */
+const char *tls_conn_suite(const struct tls_conn *c);
+
 /* The protocol ALPN agreed on after the handshake, NULL when none. */
 const char *tls_conn_alpn(const struct tls_conn *c);
 
-/* Decrypted bytes buffered inside mbedTLS, readable without the fd. */
+/*
+ * Bytes held without the fd: decrypted ones inside mbedTLS, plus received
+ * ones not yet decrypted (read ahead of mbedTLS, at most a few KiB; only
+ * once the handshake is done). Non-zero: tls_conn_read has more to give,
+ * or returns TLS_WANT_READ once when the bytes are not a whole record
+ * (after which this is 0 until the fd has been read again).
+ */
 size_t tls_conn_pending(const struct tls_conn *c);
 
 /*

@@ -8,6 +8,7 @@
 #include <poll.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -17,6 +18,8 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+
+#include <mbedtls/aesni.h>
 
 #include "shared/log.h"
 #include "shared/tls.h"
@@ -32,6 +35,7 @@ static void handshake_both(struct tls_conn *srv, struct tls_conn *cli,
     int *srv_rv, int *cli_rv);
 static struct tls_ctx *client_ctx(const char *ca_name);
 static struct tls_ctx *server_ctx(void);
+static struct tls_ctx *server_ctx_named(const char *name);
 static void test_system_store(void **state);
 static void expect_client_failure(const char *ca_name, const char *hostname);
 
@@ -79,6 +83,11 @@ group_setup(void **state)
 	        "printf 'subjectAltName=DNS:localhost\\n' > ext.cnf && "
 	        "openssl x509 -req -in srv.csr -CA ca.crt -CAkey ca.key "
 	        "-set_serial 2 -days 2 -extfile ext.cnf -out srv.crt "
+	        "2>/dev/null && "
+	        "openssl req -newkey rsa:2048 -nodes -keyout rsa.key -out "
+	        "rsa.csr -subj /CN=localhost 2>/dev/null && "
+	        "openssl x509 -req -in rsa.csr -CA ca.crt -CAkey ca.key "
+	        "-set_serial 3 -days 2 -extfile ext.cnf -out rsa.crt "
 	        "2>/dev/null",
 	        d) != 0)
 		return -1;
@@ -111,13 +120,21 @@ client_ctx(const char *ca_name)
 }
 
 static struct tls_ctx *
+server_ctx_named(const char *name)
+{
+	char cert[128], key[128], f[32];
+
+	snprintf(f, sizeof(f), "%s.crt", name);
+	test_path(cert, sizeof(cert), f);
+	snprintf(f, sizeof(f), "%s.key", name);
+	test_path(key, sizeof(key), f);
+	return tls_ctx_new_server(cert, key);
+}
+
+static struct tls_ctx *
 server_ctx(void)
 {
-	char cert[128], key[128];
-
-	test_path(cert, sizeof(cert), "srv.crt");
-	test_path(key, sizeof(key), "srv.key");
-	return tls_ctx_new_server(cert, key);
+	return server_ctx_named("srv");
 }
 
 /* Runs both handshakes until neither wants to wait, bounded. */
@@ -180,6 +197,18 @@ test_handshake_and_data(void **state)
 	assert_int_equal(tls_conn_pending(srv), 0);
 	assert_int_equal(tls_conn_read(srv, buf, sizeof(buf)), TLS_WANT_READ);
 
+	/* Two records in one read(2): the second waits off the fd. */
+	assert_int_equal(tls_conn_write(cli, "abc", 3), 3);
+	assert_int_equal(tls_conn_write(cli, "defg", 4), 4);
+	assert_int_equal(tls_conn_read(srv, buf, sizeof(buf)), 3);
+	assert_true(tls_conn_pending(srv) > 0);
+	pfd[0].fd = sv[0];
+	pfd[0].events = POLLIN;
+	assert_int_equal(poll(pfd, 1, 0), 0);
+	assert_int_equal(tls_conn_read(srv, buf + 3, sizeof(buf) - 3), 4);
+	assert_memory_equal(buf, "abcdefg", 7);
+	assert_int_equal(tls_conn_pending(srv), 0);
+
 	/* Server to client, more than the socket buffer holds. */
 	for (off = 0; off < sizeof(big); off++)
 		big[off] = (char)('a' + off % 26);
@@ -218,6 +247,51 @@ test_handshake_and_data(void **state)
 	close(sv[1]);
 	tls_ctx_free(sctx);
 	tls_ctx_free(cctx);
+}
+
+/*
+ * Our client and server agree on the suite the CPU runs fastest: with AES
+ * instructions AES-CCM for an ECDSA certificate, and ChaCha20-Poly1305
+ * for an RSA one (TLS 1.2 has no ECDHE-RSA suite with CCM, and AES-GCM
+ * is slower in mbedTLS 2.28); without them ChaCha20-Poly1305.
+ */
+static void
+expect_suite(const char *server_name, const char *want)
+{
+	struct tls_ctx *sctx, *cctx;
+	struct tls_conn *srv, *cli;
+	int sv[2], srv_rv, cli_rv;
+
+	assert_non_null(sctx = server_ctx_named(server_name));
+	assert_non_null(cctx = client_ctx("ca.crt"));
+	make_pair(sv);
+	assert_non_null(srv = tls_conn_new_server(sctx, sv[0]));
+	assert_non_null(cli = tls_conn_new_client(cctx, sv[1], "localhost"));
+	assert_null(tls_conn_suite(cli));
+	handshake_both(srv, cli, &srv_rv, &cli_rv);
+	assert_int_equal(cli_rv, TLS_OK);
+	assert_int_equal(srv_rv, TLS_OK);
+	assert_non_null(tls_conn_suite(cli));
+	assert_string_equal(tls_conn_suite(cli), tls_conn_suite(srv));
+	print_message("%s certificate: %s\n", server_name, tls_conn_suite(cli));
+	assert_non_null(strstr(tls_conn_suite(cli), want));
+	tls_conn_free(srv);
+	tls_conn_free(cli);
+	close(sv[0]);
+	close(sv[1]);
+	tls_ctx_free(sctx);
+	tls_ctx_free(cctx);
+}
+
+static void
+test_suite_preference(void **state)
+{
+	bool aes_hw = mbedtls_aesni_has_support(MBEDTLS_AESNI_AES) != 0;
+
+	(void)state;
+	expect_suite("srv",
+	    aes_hw ? "ECDHE-ECDSA-WITH-AES-128-CCM" : "CHACHA20-POLY1305");
+	expect_suite("rsa", "ECDHE-RSA-WITH-CHACHA20-POLY1305");
 }
 
 static void
@@ -366,6 +440,7 @@ main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_handshake_and_data),
 		cmocka_unit_test(test_eof_is_closed),
+		cmocka_unit_test(test_suite_preference),
 		cmocka_unit_test(test_untrusted_ca),
 		cmocka_unit_test(test_wrong_hostname),
 		cmocka_unit_test(test_load_errors),

@@ -15,17 +15,29 @@ In one run, alternating ROUNDS times:
   gateway-tcp the same through a frontend of another run dir ("host")
               that reaches the broker over --broker tcp://127.0.0.1:PORT
   gateway-tls the same over tls+tcp:// with mutual certificates
+  sp-8k, sp-tcp-8k, sp-tls-8k
+              bench-ipc-rtt with an 8 KiB message each way
+  real, real-tcp, real-tls
+              the three gateway runs with a realistic decision: policy
+              cache_aware and /generate texts of --prompt-bytes (one of
+              four shared system prompts of half that, then a text of
+              its own), so the broker's tree work and the routing text's
+              trip are in the round trip
 
 usage: broker_rtt.py [--build-dir DIR] [--rounds N] [--count N]
+                     [--gateway-count N] [--real-count N]
+                     [--prompt-bytes N]
 Prints one JSON object per measurement, then each transport's median
-p50/p99 and the median of its per-round ratios to the socketpair (the host
-may be busy: a ratio within one round compares like with like).
+p50/p99 and the median of its per-round ratios to the socketpair and to
+its ipc:// counterpart (the host may be busy: a ratio within one round
+compares like with like).
 """
 import argparse
 import http.client
 import json
 import os
 import pathlib
+import random
 import re
 import statistics
 import subprocess
@@ -35,11 +47,41 @@ import tempfile
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "system"))
 
-# At most 24 bounds (METRICS_MAX_BUCKETS): 1 us steps where the p50 falls.
-BUCKETS = ("0.00001,0.000012,0.000014,0.000016,0.000017,0.000018,0.000019,"
-           "0.00002,0.000021,0.000022,0.000023,0.000024,0.000025,0.000027,"
-           "0.00003,0.000035,0.00004,0.00005,0.00007,0.0001,0.0002,0.0005,"
-           "0.001,0.005")
+# At most 24 bounds (METRICS_MAX_BUCKETS): 2 us steps where the p50s of
+# ipc://, tcp:// and tls+tcp:// fall.
+BUCKETS = ("0.000014,0.000016,0.000018,0.00002,0.000022,0.000024,"
+           "0.000026,0.000028,0.00003,0.000032,0.000034,0.000036,"
+           "0.000038,0.00004,0.000043,0.000046,0.00005,0.000055,0.00006,"
+           "0.00007,0.0001,0.0002,0.001,0.005")
+# The realistic decision: 5 us steps from 35 us.
+BUCKETS_REAL = ("0.000035,0.00004,0.000045,0.00005,0.000055,0.00006,"
+                "0.000065,0.00007,0.000075,0.00008,0.000085,0.00009,"
+                "0.000095,0.0001,0.000105,0.00011,0.00012,0.00013,0.00015,"
+                "0.0002,0.0003,0.0005,0.001,0.005")
+
+WORDS = ("the of and to in is that for it as was with be by on not he this "
+         "are or his from at which but have an they you were her she there "
+         "been one all we their has would when if so what out up more no "
+         "model request token cache worker route prefix batch decode "
+         "prefill system user assistant answer question context").split()
+
+
+def prose(rng, nbytes):
+    out, n = [], 0
+    while n < nbytes:
+        w = rng.choice(WORDS)
+        out.append(w)
+        n += len(w) + 1
+    return " ".join(out)[:nbytes]
+
+
+def real_texts(count, nbytes):
+    """count /generate texts of nbytes: one of four shared system
+    prompts (half), then a text of its own (a Mooncake-like mix)."""
+    rng = random.Random(7)
+    systems = [prose(rng, nbytes // 2) for _ in range(4)]
+    return [systems[i % 4] + " " + prose(rng, nbytes - nbytes // 2 - 1)
+            for i in range(count)]
 
 
 def run_json(argv):
@@ -85,7 +127,7 @@ def certs(tmp):
     return args("brain"), args("fe")
 
 
-def remote_frontend(tmp, burl, extra=()):
+def remote_frontend(tmp, burl, extra=(), buckets=BUCKETS):
     """One smg-frontend with a run dir of its own and --broker burl."""
     import util
     run = tmp / "remote" / "run"
@@ -97,7 +139,7 @@ def remote_frontend(tmp, burl, extra=()):
                              "--host", "127.0.0.1", "--port", str(port),
                              "--prometheus-host", "127.0.0.1",
                              "--prometheus-port", str(mport),
-                             "--prometheus-duration-buckets", BUCKETS,
+                             "--prometheus-duration-buckets", buckets,
                              "--run-dir", str(run), "--state-dir",
                              str(state), "--frontends", "1",
                              "--frontend-slot", "0", "--broker", burl,
@@ -114,8 +156,10 @@ def remote_frontend(tmp, burl, extra=()):
     return p, port, mport
 
 
-def gateway(count, remote=None):
-    """remote: None (the gateway's own frontend), "tcp" or "tls"."""
+def gateway(count, remote=None, texts=None):
+    """remote: None (the gateway's own frontend), "tcp" or "tls". texts:
+    the realistic decision (cache_aware, these texts in turn), else
+    round_robin and a short text."""
     import gw
     import sim
     import util
@@ -129,21 +173,25 @@ def gateway(count, remote=None):
         fe_url = f"tls+tcp://localhost:{port}"
         bargs, fargs = certs(tmp)
     rp = None
+    buckets = BUCKETS_REAL if texts else BUCKETS
+    policy = "cache_aware" if texts else "round_robin"
     try:
-        with gw.start_gateway(tmp, "--policy", "round_robin",
+        with gw.start_gateway(tmp, "--policy", policy,
                               "--worker-urls", w.url,
                               "--prometheus-duration-buckets",
-                              BUCKETS, "--broker-listen", burl,
+                              buckets, "--broker-listen", burl,
                               *bargs) as g:
             g.wait_ready(1)
             port, mport = g.port, g.metrics_port
             if remote:
-                rp, port, mport = remote_frontend(tmp, fe_url, fargs)
+                rp, port, mport = remote_frontend(tmp, fe_url, fargs,
+                                                  buckets)
             c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-            body = json.dumps({"text": "hello " * 40,
-                               "sampling_params": {"max_new_tokens": 1}})
-            for _ in range(count):
-                c.request("POST", "/generate", body,
+            bodies = [json.dumps({"text": t,
+                                  "sampling_params": {"max_new_tokens": 1}})
+                      for t in (texts or ["hello " * 40])]
+            for i in range(count):
+                c.request("POST", "/generate", bodies[i % len(bodies)],
                           {"Content-Type": "application/json"})
                 r = c.getresponse()
                 r.read()
@@ -164,7 +212,8 @@ def gateway(count, remote=None):
                       m).group(1))
     fb = re.search(r"^smg_broker_fallback_decisions_total(?:\{\})? (\d+)",
                    m, re.M)
-    return {"transport": f"gateway-{remote}" if remote else "gateway",
+    name = "real" if texts else "gateway"
+    return {"transport": f"{name}-{remote}" if remote else name,
             "count": n,
             "p50_us": quantile(bk, 0.5) * 1e6,
             "p99_us": quantile(bk, 0.99) * 1e6,
@@ -178,7 +227,10 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--count", type=int, default=20000)
     ap.add_argument("--gateway-count", type=int, default=3000)
+    ap.add_argument("--real-count", type=int, default=2000)
+    ap.add_argument("--prompt-bytes", type=int, default=8192)
     a = ap.parse_args()
+    texts = real_texts(a.real_count, a.prompt_bytes)
     os.environ["SMG_BUILD_DIR"] = a.build_dir
     b = pathlib.Path(a.build_dir)
     res = {}
@@ -193,6 +245,10 @@ def main():
                             "sp-tls", "--count", str(a.count)]),
                 ("nng", [str(b / "bench-ipc-rtt"), "--transport", "nng",
                          "--count", str(a.count)])]
+        for t in ("sp", "sp-tcp", "sp-tls"):
+            runs.append((f"{t}-8k", [str(b / "bench-ipc-rtt"), "--transport",
+                                     t, "--size", "8192", "--count",
+                                     str(a.count // 4)]))
         for name, argv in runs:
             r = run_json(argv)
             r["transport"] = name
@@ -200,6 +256,10 @@ def main():
             res.setdefault(name, []).append(r)
         for remote in (None, "tcp", "tls"):
             r = gateway(a.gateway_count, remote)
+            print(json.dumps(r), flush=True)
+            res.setdefault(r["transport"], []).append(r)
+        for remote in (None, "tcp", "tls"):
+            r = gateway(a.real_count, remote, texts)
             print(json.dumps(r), flush=True)
             res.setdefault(r["transport"], []).append(r)
     # Ratios within each round (same moment, same load), then medians.
@@ -216,6 +276,21 @@ def main():
         p99 = statistics.median(r["p99_us"] for r in rs)
         print(f"  {name:10s} p50 {p50:8.1f} us ({r50:5.2f}x)  "
               f"p99 {p99:8.1f} us ({r99:5.2f}x)")
+    # The question asked of TLS: how far from the same over ipc://.
+    print(f"per-round ratio to the same over ipc://, median of {a.rounds} "
+          f"rounds:")
+    for ipc in ("sp", "sp-8k", "gateway", "real"):
+        for kind in ("tcp", "tls"):
+            if ipc.startswith("sp"):
+                name = ipc.replace("sp", f"sp-{kind}", 1)
+            else:
+                name = f"{ipc}-{kind}"
+            r50 = statistics.median(r["p50_us"] / i0["p50_us"]
+                                    for r, i0 in zip(res[name], res[ipc]))
+            r99 = statistics.median(r["p99_us"] / i0["p99_us"]
+                                    for r, i0 in zip(res[name], res[ipc]))
+            print(f"  {name:12s} / {ipc:8s} p50 {r50:5.2f}x  "
+                  f"p99 {r99:5.2f}x")
 
 if __name__ == "__main__":
     main()

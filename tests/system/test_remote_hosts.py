@@ -3,7 +3,8 @@
 
 A "host" is a run dir of its own: its frontends map their own shared
 memory, and reach the broker of group A only over tcp:// on loopback.
-The remote group mirrors the worker table, routes through the shared
+The remote group mirrors the worker table (pushed: a long poll the
+broker answers when the table changes), routes through the shared
 broker (a prefix warmed through A is found through B), sees a worker
 added through its own API, and loses no request when the broker is
 killed under load (the local fallback on the mirrored table), and keeps
@@ -168,6 +169,88 @@ def test_remote_group_shares_the_broker(tmp_path):
             w.stop()
 
 
+def pushed_latency(g, x, n, what):
+    """Seconds from the broker's host (A) counting n ready workers to the
+    remote group x's mirror counting them too: the table push."""
+    seen = {}
+    end = time.monotonic() + 20 * util.TIMEOUT_MULT
+    while len(seen) < 2 and time.monotonic() < end:
+        for name, target in (("A", g), ("X", x)):
+            if name not in seen and mirrored_urls(target) >= n:
+                seen[name] = time.monotonic()
+        time.sleep(0.005)
+    assert len(seen) == 2, (what, seen)
+    took = seen["X"] - seen["A"]
+    print(f"{what}: in the remote mirror {took * 1000:.0f} ms after "
+          f"the broker's host")
+    return took
+
+
+def test_table_pushed_to_other_groups(tmp_path):
+    """A worker added through group B reaches group C's mirror (a long
+    poll the broker answers when the table changes), C routes to it, and
+    the long poll survives the broker being killed while it holds it."""
+    ws = [sim.start_simworker(tmp_path, "--time-scale", "0")
+          for _ in range(4)]
+    bport = util.free_port()
+    burl = f"tcp://127.0.0.1:{bport}"
+    groups = []
+    try:
+        with gw.start_gateway(tmp_path, "--policy", "round_robin",
+                              "--worker-urls", ws[0].url, ws[1].url,
+                              "--broker-listen", burl) as g:
+            g.wait_ready(2)
+            b = RemoteGroup(tmp_path, burl, name="hostB")
+            groups.append(b)
+            c = RemoteGroup(tmp_path, burl, name="hostC")
+            groups.append(c)
+            for x in groups:
+                util.wait_for(lambda: mirrored_urls(x) >= 2, timeout=15,
+                              what="a remote group mirrors two workers")
+            # Idle for longer than a held wait lasts: the waits are
+            # renewed ("unchanged") and the mirror stays as it is.
+            time.sleep(6.0)
+            assert mirrored_urls(c) == 2
+            r = b.post("/workers", {"url": ws[2].url})
+            assert r.status in (200, 201, 202), r
+            assert pushed_latency(g, c, 3, "worker added through B") < 1.0
+            ids = set()
+            for i in range(6):
+                r = c.post("/generate", {"text": f"to the new one {i}"})
+                assert r.status == 200, r
+                ids.add(r.headers["x-smg-routed-worker-id"])
+            assert ws[2].url in ids, ids
+            assert metric(c, "smg_broker_fallback_decisions_total") == 0
+            # The broker dies while it holds both mirrors' waits; the
+            # launcher restarts it and the waits start over.
+            broker = g.pids()["broker"][0]
+            os.kill(broker, signal.SIGKILL)
+
+            def new_broker():
+                now = g.pids()["broker"]
+                return bool(now) and now[0] != broker
+            util.wait_for(new_broker, timeout=20, what="a new broker")
+
+            def added():
+                r = b.post("/workers", {"url": ws[3].url}, timeout=2)
+                # 409: an earlier try got through after all.
+                return r.status in (200, 201, 202, 409) or None
+            util.wait_for(added, timeout=20, interval=0.1,
+                          what="B adds a worker through the new broker")
+            assert pushed_latency(g, c, 4,
+                                  "worker added after a broker restart") \
+                < 1.0
+            for x in groups:
+                x.stop()
+            groups = []
+            g.stop()
+    finally:
+        for x in groups:
+            x.kill()
+        for w in ws:
+            w.stop()
+
+
 def test_broker_killed_under_remote_load(tmp_path):
     ws = [sim.start_simworker(tmp_path, "--time-scale", "0")
           for _ in range(2)]
@@ -325,7 +408,7 @@ def test_remote_group_over_mutual_tls(tmp_path):
     certs.mkdir()
     c = make_certs(str(certs))
     ws = [sim.start_simworker(tmp_path, "--time-scale", "0")
-          for _ in range(2)]
+          for _ in range(3)]
     bport = util.free_port()
     b = bad = None
     try:
@@ -355,6 +438,10 @@ def test_remote_group_over_mutual_tls(tmp_path):
             assert r.status == 200, r
             assert r.headers["x-smg-routed-worker-id"] == warmed
             assert metric(b, "smg_broker_fallback_decisions_total") == 0
+            # The table wait B's mirror holds is answered over TLS too.
+            r = b.post("/workers", {"url": ws[2].url})
+            assert r.status in (200, 201, 202), r
+            assert pushed_latency(g, b, 3, "worker added over TLS") < 1.0
             # A frontend whose certificate the broker does not trust gets
             # nothing from it: no table, and its worker API is refused.
             time.sleep(1.0)
