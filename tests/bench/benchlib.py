@@ -939,8 +939,12 @@ async def replay(port, reqs, bodies, speed, read_batch, request_timeout,
     """Replays reqs against 127.0.0.1:port: request i is sent at its
     timestamp (ms) / speed from the start, or, when it names the index of
     an earlier request in "after", once that one has ended if that is
-    later (a user waits for the answer). Returns (results, wall seconds
-    from the start to the last [DONE], waiting samples of worker_ports)."""
+    later (a user waits for the answer). port may be a list of ports:
+    request i then goes to port[i % len(port)] (one connection per
+    request, so this is an L4 balancer's round robin over connections).
+    Returns (results, wall seconds from the start to the last [DONE],
+    waiting samples of worker_ports)."""
+    ports = list(port) if isinstance(port, (list, tuple)) else [port]
     loop = asyncio.get_running_loop()
     t0 = loop.time() + 0.5
     results = [Result(i, t0 + r["timestamp"] / 1000.0 / speed)
@@ -956,7 +960,8 @@ async def replay(port, reqs, bodies, speed, read_batch, request_timeout,
             if prev is not None:
                 await ended[prev].wait()
                 res.sched = max(res.sched, loop.time())
-            await one_request(port, bodies.body(r), res, read_batch)
+            await one_request(ports[i % len(ports)], bodies.body(r), res,
+                              read_batch)
         finally:
             ended[i].set()
 
