@@ -318,7 +318,7 @@ def rows(res, names):
         if r is None or "unavailable" in r:
             why = "not run (interrupted)" if r is None else r["unavailable"]
             out.append([name, describe_config(name), link(name), why] +
-                       [""] * 9)
+                       [""] * 10)
             continue
         client_err = sum(r["errors"].values())
         gw_err = sum(r["gw_errors"].values())
@@ -332,14 +332,17 @@ def rows(res, names):
             f"{r['busiest']:.2f} ({'/'.join(map(str, r['counts']))})",
             ms(r["p50"]), ms(r["p99"]),
             f"{100 * r['util']:.0f}%/{100 * r['util_max']:.0f}%",
-            err, f"{r['fallback']:.0f}", rtt_cell(r["rtt"]),
+            err, f"{r['fallback']:.0f}",
+            f"{r['rtt']['count']:.0f}" if r["rtt"] else "0",
+            rtt_cell(r["rtt"]),
             f"{100 * r['host_busy']:.0f}% / {r['cpu_children']:.0f}"])
     head = ["config", "what", "link", "hit rate", "x single",
             "busiest / mean (requests)", "TTFT p50 ms", "TTFT p99 ms",
             "prefill util mean/max", "failures client / gw",
-            "fallback decisions", "round trip p50 / p99 µs",
+            "fallback decisions", "broker messages",
+            "round trip p50 / p99 µs",
             "host busy / our CPU s"]
-    return md_table(head, "llllrlrrllrll", out)
+    return md_table(head, "llllrlrrllrrll", out)
 
 
 def report(args, m, info, res, elapsed, names):
@@ -397,7 +400,8 @@ def report(args, m, info, res, elapsed, names):
         "over the frontends taking traffic",
         "- fallback decisions: smg_broker_fallback_decisions_total summed "
         "over the frontends taking traffic (a decision made on the local "
-        "table because the broker did not answer)",
+        "table because the broker did not answer); broker messages: the "
+        "round trips those frontends timed",
         "- round trip: smg_broker_round_trip_seconds of those frontends "
         "(wall, one observation per broker message, which carries every "
         "decision ready in one loop turn), quantile interpolated in its "
