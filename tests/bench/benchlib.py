@@ -1,6 +1,6 @@
 """benchlib.py: the harness shared by the benchmarks in tests/bench.
 
-datapath.py, mooncake.py, routing.py and load_bench.py use it, and every new benchmark
+datapath.py, mooncake.py, routing.py, multihost.py and load_bench.py use it, and every new benchmark
 should too rather than carry its own copy. It holds, each as one small
 function or class:
 
@@ -17,7 +17,7 @@ function or class:
     histogram and counter helpers;
   * the command line and the report: add_build_dir(), add_out(), machine(),
     build_type(), first_line(), md_table();
-  * trace replay (mooncake.py, routing.py): Mooncake-format requests
+  * trace replay (mooncake.py, routing.py, multihost.py): Mooncake-format requests
     (load_trace(), block_lengths(), oracle_bound()), their prompts
     (Bodies), a fleet of simworkers (Fleet), smg started per policy
     (start_smg_target(), probe(), refusal()), the asyncio client
