@@ -1,6 +1,6 @@
 """benchlib.py: the harness shared by the benchmarks in tests/bench.
 
-datapath.py, mooncake.py, routing.py and load_bench.py use it, and every new benchmark
+datapath.py, mooncake.py, routing.py, multihost.py and load_bench.py use it, and every new benchmark
 should too rather than carry its own copy. It holds, each as one small
 function or class:
 
@@ -17,7 +17,7 @@ function or class:
     histogram and counter helpers;
   * the command line and the report: add_build_dir(), add_out(), machine(),
     build_type(), first_line(), md_table();
-  * trace replay (mooncake.py, routing.py): Mooncake-format requests
+  * trace replay (mooncake.py, routing.py, multihost.py): Mooncake-format requests
     (load_trace(), block_lengths(), oracle_bound()), their prompts
     (Bodies), a fleet of simworkers (Fleet), smg started per policy
     (start_smg_target(), probe(), refusal()), the asyncio client
@@ -939,8 +939,12 @@ async def replay(port, reqs, bodies, speed, read_batch, request_timeout,
     """Replays reqs against 127.0.0.1:port: request i is sent at its
     timestamp (ms) / speed from the start, or, when it names the index of
     an earlier request in "after", once that one has ended if that is
-    later (a user waits for the answer). Returns (results, wall seconds
-    from the start to the last [DONE], waiting samples of worker_ports)."""
+    later (a user waits for the answer). port may be a list of ports:
+    request i then goes to port[i % len(port)] (one connection per
+    request, so this is an L4 balancer's round robin over connections).
+    Returns (results, wall seconds from the start to the last [DONE],
+    waiting samples of worker_ports)."""
+    ports = list(port) if isinstance(port, (list, tuple)) else [port]
     loop = asyncio.get_running_loop()
     t0 = loop.time() + 0.5
     results = [Result(i, t0 + r["timestamp"] / 1000.0 / speed)
@@ -956,7 +960,8 @@ async def replay(port, reqs, bodies, speed, read_batch, request_timeout,
             if prev is not None:
                 await ended[prev].wait()
                 res.sched = max(res.sched, loop.time())
-            await one_request(port, bodies.body(r), res, read_batch)
+            await one_request(ports[i % len(ports)], bodies.body(r), res,
+                              read_batch)
         finally:
             ended[i].set()
 
