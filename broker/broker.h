@@ -865,6 +865,16 @@ uint8_t *remote_sync(struct broker *br, const Smg__HostSync *hs,
     size_t *reply_len);
 /* The live load a RouteBatch carries: taken as a HostSync's, no reply. */
 void remote_report(struct broker *br, const Smg__HostSync *hs);
+/*
+ * The decisions of a RouteBatch from the frontend hs names count as its
+ * load at once (one request in flight, the prompt tokens the decision did
+ * not find cached as pending), until that frontend's next figures, which
+ * hold the requests it dispatched, replace them: without this the other
+ * hosts' next choices would not see these requests for up to a report
+ * interval.
+ */
+void remote_decided(struct broker *br, const Smg__HostSync *hs,
+    const Smg__RouteBatch *rb, const Smg__DecisionBatch *db);
 uint32_t remote_in_flight(const struct broker *br, unsigned slot);
 uint64_t remote_pending(const struct broker *br, unsigned slot);
 size_t remote_nsources(const struct broker *br);

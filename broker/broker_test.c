@@ -295,6 +295,61 @@ metric(struct btu_fx *f, const char *family, const char *labels)
 	return v;
 }
 
+/*
+ * A remote frontend's decided requests count on their worker at once and
+ * give way to the figures of that frontend's next report.
+ */
+static void
+test_remote_decided_counts_until_reported(void **state)
+{
+	struct btu_fx *f = *state;
+	Smg__FrontendMsg m = SMG__FRONTEND_MSG__INIT;
+	Smg__RouteBatch rb = SMG__ROUTE_BATCH__INIT;
+	Smg__RouteRequest rq = SMG__ROUTE_REQUEST__INIT, *rqs[1] = { &rq };
+	Smg__HostSync hs = SMG__HOST_SYNC__INIT;
+	Smg__WorkerLive lv = SMG__WORKER_LIVE__INIT, *lvs[1] = { &lv };
+	Smg__BrokerReply *r;
+	struct shm_worker sw;
+	uint32_t slot;
+
+	btu_fx_start(f);
+	hs.host = "hostb:/run";
+	hs.frontend_slot = 0;
+	hs.interval_ms = 100;
+	rq.id = 7;
+	rq.has_text = true;
+	rq.text = "0123456789012345678901234567890123456789"; /* 10 tokens */
+	rb.requests = rqs;
+	rb.n_requests = 1;
+	rb.live = &hs;
+	m.body_case = SMG__FRONTEND_MSG__BODY_ROUTE_BATCH;
+	m.route_batch = &rb;
+	r = fx_send(f, &m);
+	assert_int_equal(r->body_case, SMG__BROKER_REPLY__BODY_DECISION_BATCH);
+	assert_int_equal(r->decision_batch->decisions[0]->status,
+	    SMG__DECISION_STATUS__DECISION_OK);
+	slot = r->decision_batch->decisions[0]->worker_slot;
+	smg__broker_reply__free_unpacked(r, NULL);
+	assert_int_equal(remote_in_flight(f->fx_br, slot), 1);
+	assert_int_equal(remote_pending(f->fx_br, slot), 10);
+
+	/* The next report holds the request as dispatched: it replaces. */
+	assert_int_equal(shm_worker_read(f->fx_br->br_shm, slot, &sw), 0);
+	lv.slot = slot;
+	lv.generation = sw.sw_generation;
+	lv.in_flight = 1;
+	lv.pending_tokens = 4;
+	hs.live = lvs;
+	hs.n_live = 1;
+	remote_report(f->fx_br, &hs);
+	assert_int_equal(remote_in_flight(f->fx_br, slot), 1);
+	assert_int_equal(remote_pending(f->fx_br, slot), 4);
+	hs.n_live = 0;
+	remote_report(f->fx_br, &hs);
+	assert_int_equal(remote_in_flight(f->fx_br, slot), 0);
+	assert_int_equal(remote_pending(f->fx_br, slot), 0);
+}
+
 static void
 test_route_round_robin(void **state)
 {
@@ -1316,6 +1371,9 @@ main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_route_round_robin,
 		    fx_setup, fx_teardown),
+		cmocka_unit_test_setup_teardown(
+		    test_remote_decided_counts_until_reported, fx_setup,
+		    fx_teardown),
 		cmocka_unit_test_setup_teardown(test_route_errors, fx_setup,
 		    fx_teardown),
 		cmocka_unit_test_setup_teardown(test_candidate_filter, fx_setup,

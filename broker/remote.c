@@ -117,20 +117,63 @@ remote_sweep(struct broker *br, uint64_t now_ms)
 	}
 }
 
-/* The figures of one report replace that source's previous ones. */
-static void
-remote_take(struct broker *br, const Smg__HostSync *hs, uint64_t now_ms)
+static struct remote_source *
+remote_find(struct broker *br, const Smg__HostSync *hs)
 {
-	struct remote_source *rs = NULL;
-	struct shm_worker sw;
 	size_t i;
 
 	for (i = 0; i < br->br_nsources; i++)
 		if (br->br_sources[i]->rs_slot == hs->frontend_slot &&
-		    strcmp(br->br_sources[i]->rs_host, hs->host) == 0) {
-			rs = br->br_sources[i];
-			break;
+		    strcmp(br->br_sources[i]->rs_host, hs->host) == 0)
+			return br->br_sources[i];
+	return NULL;
+}
+
+void
+remote_decided(struct broker *br, const Smg__HostSync *hs,
+    const Smg__RouteBatch *rb, const Smg__DecisionBatch *db)
+{
+	struct remote_source *rs;
+	const Smg__Decision *d;
+	uint64_t tokens;
+	uint32_t s;
+	size_t i, k;
+
+	if (hs->host == NULL || (rs = remote_find(br, hs)) == NULL)
+		return;
+	for (i = 0; i < db->n_decisions && i < rb->n_requests; i++) {
+		d = db->decisions[i];
+		if (d->status != SMG__DECISION_STATUS__DECISION_OK ||
+		    (s = d->worker_slot) >= SHM_MAX_WORKERS)
+			continue;
+		tokens = live_prompt_tokens(rb->requests[i], 0);
+		tokens =
+		    tokens > d->cached_tokens ? tokens - d->cached_tokens : 0;
+		for (k = 0; k < rs->rs_n && rs->rs_wslot[k] != s; k++)
+			;
+		if (k == rs->rs_n) {
+			if (rs->rs_n == SHM_MAX_WORKERS)
+				continue;
+			rs->rs_wslot[k] = s;
+			rs->rs_inflight[k] = 0;
+			rs->rs_pending[k] = 0;
+			rs->rs_n++;
 		}
+		rs->rs_inflight[k]++;
+		rs->rs_pending[k] += tokens;
+		br->br_remote_inflight[s]++;
+		br->br_remote_pending[s] += tokens;
+	}
+}
+
+/* The figures of one report replace that source's previous ones. */
+static void
+remote_take(struct broker *br, const Smg__HostSync *hs, uint64_t now_ms)
+{
+	struct remote_source *rs = remote_find(br, hs);
+	struct shm_worker sw;
+	size_t i;
+
 	if (rs == NULL) {
 		if (br->br_nsources >= REMOTE_MAX_SOURCES) {
 			log_warnx("%s: over %d remote frontends; %s ignored",

@@ -471,6 +471,9 @@ server_frontend(struct broker *br, const uint8_t *msg, size_t len,
 			    reply_len);
 			break;
 		}
+		if (m->route_batch->live != NULL)
+			remote_decided(br, m->route_batch->live, m->route_batch,
+			    &db);
 		r.body_case = SMG__BROKER_REPLY__BODY_DECISION_BATCH;
 		r.decision_batch = &db;
 		out = ipc_pack_broker(&r, reply_len);
