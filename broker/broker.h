@@ -866,15 +866,14 @@ uint8_t *remote_sync(struct broker *br, const Smg__HostSync *hs,
 /* The live load a RouteBatch carries: taken as a HostSync's, no reply. */
 void remote_report(struct broker *br, const Smg__HostSync *hs);
 /*
- * The decisions of a RouteBatch from the frontend hs names count as its
- * load at once (one request in flight, the prompt tokens the decision did
- * not find cached as pending), until that frontend's next figures, which
+ * A request decided for the frontend hs names, on worker slot, counts as
+ * that frontend's load at once (one in flight, tokens pending: the prompt
+ * tokens the decision did not find cached) until its next figures, which
  * hold the requests it dispatched, replace them: without this the other
- * hosts' next choices would not see these requests for up to a report
- * interval.
+ * hosts' next choices would not see it for up to a report interval.
  */
-void remote_decided(struct broker *br, const Smg__HostSync *hs,
-    const Smg__RouteBatch *rb, const Smg__DecisionBatch *db);
+void remote_decided(struct broker *br, const Smg__HostSync *hs, uint32_t slot,
+    uint64_t tokens);
 uint32_t remote_in_flight(const struct broker *br, unsigned slot);
 uint64_t remote_pending(const struct broker *br, unsigned slot);
 size_t remote_nsources(const struct broker *br);

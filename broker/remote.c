@@ -130,40 +130,29 @@ remote_find(struct broker *br, const Smg__HostSync *hs)
 }
 
 void
-remote_decided(struct broker *br, const Smg__HostSync *hs,
-    const Smg__RouteBatch *rb, const Smg__DecisionBatch *db)
+remote_decided(struct broker *br, const Smg__HostSync *hs, uint32_t slot,
+    uint64_t tokens)
 {
 	struct remote_source *rs;
-	const Smg__Decision *d;
-	uint64_t tokens;
-	uint32_t s;
-	size_t i, k;
+	size_t k;
 
-	if (hs->host == NULL || (rs = remote_find(br, hs)) == NULL)
+	if (slot >= SHM_MAX_WORKERS || hs->host == NULL ||
+	    (rs = remote_find(br, hs)) == NULL)
 		return;
-	for (i = 0; i < db->n_decisions && i < rb->n_requests; i++) {
-		d = db->decisions[i];
-		if (d->status != SMG__DECISION_STATUS__DECISION_OK ||
-		    (s = d->worker_slot) >= SHM_MAX_WORKERS)
-			continue;
-		tokens = live_prompt_tokens(rb->requests[i], 0);
-		tokens =
-		    tokens > d->cached_tokens ? tokens - d->cached_tokens : 0;
-		for (k = 0; k < rs->rs_n && rs->rs_wslot[k] != s; k++)
-			;
-		if (k == rs->rs_n) {
-			if (rs->rs_n == SHM_MAX_WORKERS)
-				continue;
-			rs->rs_wslot[k] = s;
-			rs->rs_inflight[k] = 0;
-			rs->rs_pending[k] = 0;
-			rs->rs_n++;
-		}
-		rs->rs_inflight[k]++;
-		rs->rs_pending[k] += tokens;
-		br->br_remote_inflight[s]++;
-		br->br_remote_pending[s] += tokens;
+	for (k = 0; k < rs->rs_n && rs->rs_wslot[k] != slot; k++)
+		;
+	if (k == rs->rs_n) {
+		if (rs->rs_n == SHM_MAX_WORKERS)
+			return;
+		rs->rs_wslot[k] = slot;
+		rs->rs_inflight[k] = 0;
+		rs->rs_pending[k] = 0;
+		rs->rs_n++;
 	}
+	rs->rs_inflight[k]++;
+	rs->rs_pending[k] += tokens;
+	br->br_remote_inflight[slot]++;
+	br->br_remote_pending[slot] += tokens;
 }
 
 /* The figures of one report replace that source's previous ones. */

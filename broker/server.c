@@ -47,6 +47,8 @@ static void server_collect_cb(void *arg, const char *key, const char *value);
 static int server_rec_cmp(const void *a, const void *b);
 static void server_restore(struct broker *br, struct server_rec *rec);
 static int server_policies(struct broker *br);
+static void server_remote_decided(struct broker *br, const Smg__RouteBatch *rb,
+    const Smg__DecisionBatch *db);
 
 static int
 server_policies(struct broker *br)
@@ -436,6 +438,25 @@ server_free(struct broker *br)
 	free(br);
 }
 
+/* Each decision of a remote frontend's batch counts on its worker now. */
+static void
+server_remote_decided(struct broker *br, const Smg__RouteBatch *rb,
+    const Smg__DecisionBatch *db)
+{
+	const Smg__Decision *d;
+	uint64_t tokens;
+	size_t i;
+
+	for (i = 0; i < db->n_decisions && i < rb->n_requests; i++) {
+		d = db->decisions[i];
+		if (d->status != SMG__DECISION_STATUS__DECISION_OK)
+			continue;
+		tokens = live_prompt_tokens(rb->requests[i], 0);
+		remote_decided(br, rb->live, d->worker_slot,
+		    tokens > d->cached_tokens ? tokens - d->cached_tokens : 0);
+	}
+}
+
 uint8_t *
 server_frontend(struct broker *br, const uint8_t *msg, size_t len,
     size_t *reply_len)
@@ -472,8 +493,7 @@ server_frontend(struct broker *br, const uint8_t *msg, size_t len,
 			break;
 		}
 		if (m->route_batch->live != NULL)
-			remote_decided(br, m->route_batch->live, m->route_batch,
-			    &db);
+			server_remote_decided(br, m->route_batch, &db);
 		r.body_case = SMG__BROKER_REPLY__BODY_DECISION_BATCH;
 		r.decision_batch = &db;
 		out = ipc_pack_broker(&r, reply_len);
