@@ -1436,6 +1436,74 @@ test_tls_mutual(void **state)
 	assert_int_equal(system(crt), 0);
 }
 
+/*
+ * Pipelined frames of mixed sizes over tls+tcp://, wave after wave with
+ * silence between them: bytes read ahead of the TLS layer must be
+ * delivered without waiting for the fd to signal again, or a wave stalls
+ * (nothing else arrives to wake the connection).
+ */
+static void
+test_tls_pipelined_waves(void **state)
+{
+	struct fixture *fx = *state;
+	char crt[256], key[256], ca[256], hp[64];
+	struct tls_ctx *sctx, *cctx;
+	struct sp_server *srv;
+	struct sp_client *cl;
+	struct rec r[32];
+	size_t len[32];
+	uint8_t *buf;
+	unsigned seed = 7;
+	int wave, i, done, seen = 0;
+
+	assert_int_equal(make_certs(fx->fx_dir), 0);
+	snprintf(crt, sizeof(crt), "%s/srv.crt", fx->fx_dir);
+	snprintf(key, sizeof(key), "%s/srv.key", fx->fx_dir);
+	snprintf(ca, sizeof(ca), "%s/ca.crt", fx->fx_dir);
+	sctx = tls_ctx_new_server_mutual(crt, key, ca);
+	cctx = tls_client(fx->fx_dir, "cli");
+	assert_non_null(sctx);
+	assert_non_null(cctx);
+	srv = sp_server_new_tls(fx->fx_loop, "127.0.0.1:0", sctx, TEST_MAX,
+	    echo_cb, &seen);
+	assert_non_null(srv);
+	snprintf(hp, sizeof(hp), "localhost:%d", sp_server_port(srv));
+	cl = sp_client_new_tls(fx->fx_loop, hp, cctx, 32, TEST_MAX);
+	assert_non_null(cl);
+	buf = malloc(70000);
+	assert_non_null(buf);
+	memset(buf, 'w', 70000);
+	for (wave = 0; wave < 60; wave++) {
+		done = 0;
+		memset(r, 0, sizeof(r));
+		for (i = 0; i < 32; i++) {
+			/* Mostly small (decisions), some over a record. */
+			len[i] = rand_r(&seed) % 8 == 0
+			    ? 4000 + (size_t)(rand_r(&seed) % 66000)
+			    : 1 + (size_t)(rand_r(&seed) % 300);
+			r[i].r_counter = &done;
+			assert_int_equal(sp_client_send(cl, buf, len[i],
+			                     IO_TIMEOUT, rec_cb, &r[i]),
+			    0);
+		}
+		assert_true(run_until(fx->fx_loop, &done, 32, 3.0));
+		for (i = 0; i < 32; i++) {
+			assert_int_equal(r[i].r_status, 0);
+			assert_int_equal(r[i].r_len, len[i] + 1);
+		}
+	}
+	assert_int_equal(seen, 60 * 32);
+	free(buf);
+	sp_client_free(cl);
+	sp_server_free(srv);
+	tls_ctx_free(cctx);
+	tls_ctx_free(sctx);
+	snprintf(crt, sizeof(crt),
+	    "cd %s && rm -f ca.* other.* srv.* cli.* bad.* ext.cnf",
+	    fx->fx_dir);
+	assert_int_equal(system(crt), 0);
+}
+
 int
 main(void)
 {
@@ -1481,6 +1549,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_tcp_client_server_restart,
 		    setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tls_mutual, setup,
+		    teardown),
+		cmocka_unit_test_setup_teardown(test_tls_pipelined_waves, setup,
 		    teardown),
 	};
 
