@@ -36,6 +36,7 @@ import os
 import platform
 import re
 import resource
+import shutil
 import signal
 import socket
 import subprocess
@@ -100,6 +101,17 @@ def ignore_signals(sigs=(signal.SIGINT, signal.SIGTERM, signal.SIGHUP)):
     """Ignores sigs from now on: a second Ctrl-C does not cut cleanup."""
     for s in sigs:
         signal.signal(s, signal.SIG_IGN)
+
+
+def finish(procs, tmp, keep, log):
+    """The end of a run, however it ends: every child stopped (a second
+    Ctrl-C ignored meanwhile), then tmp removed, or kept and named."""
+    ignore_signals()
+    procs.stop_all()
+    if keep:
+        log(f"kept {tmp}")
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 class Procs:

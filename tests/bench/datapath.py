@@ -31,12 +31,11 @@ import sys
 import tempfile
 import time
 
-from benchlib import (Interrupted, Procs, add_build_dir, add_out,
-                      build_type, counter_delta, free_port, haproxy_conf,
-                      histogram_delta, histogram_quantile, http_call,
-                      ignore_signals, logger, machine, md_table, nginx_conf,
-                      scrape, start_haproxy, start_nginx, start_simworker,
-                      start_smg, trap_signals)
+from benchlib import (Interrupted, Procs, add_build_dir, add_out, build_type,
+                      counter_delta, finish, free_port, haproxy_conf,
+                      histogram_delta, histogram_quantile, http_call, logger,
+                      machine, md_table, nginx_conf, scrape, start_haproxy,
+                      start_nginx, start_simworker, start_smg, trap_signals)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -683,12 +682,7 @@ def main():
         log(f"interrupted ({e or 'Ctrl-C'}); stopping every process")
         return 130
     finally:
-        ignore_signals()
-        procs.stop_all()
-        if args.keep_tmp:
-            log(f"kept {tmp}")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+        finish(procs, tmp, args.keep_tmp, log)
     return 0
 
 

@@ -31,17 +31,17 @@ import os
 import shlex
 import resource
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 
 from benchlib import (BLOCK_TOKENS, Bodies, Fleet, Interrupted, NotAvailable,
-                      Procs, add_build_dir, add_out, build_type, free_port,
-                      haproxy_conf, host_cpu, load_trace, logger, machine,
-                      md_table, nearest_rank, nginx_conf, oracle_bound, probe,
-                      refusal, replay, rusage_secs, start_haproxy,
-                      start_nginx, start_smg_target, trap_signals)
+                      Procs, add_build_dir, add_out, build_type, finish,
+                      free_port, haproxy_conf, host_cpu, load_trace, logger,
+                      machine, md_table, nearest_rank, nginx_conf,
+                      oracle_bound, probe, refusal, replay, rusage_secs,
+                      start_haproxy, start_nginx, start_smg_target,
+                      trap_signals)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -453,11 +453,7 @@ def main(argv):
     except Interrupted as e:
         log(f"interrupted ({e}); reporting what was measured")
     finally:
-        procs.stop_all()
-        if args.keep_tmp:
-            log(f"kept {tmp}")
-        else:
-            subprocess.run(["rm", "-rf", tmp], check=False)
+        finish(procs, tmp, args.keep_tmp, log)
     text = report(args, m, info, res)
     sys.stdout.write(text)
     if args.out:

@@ -57,10 +57,10 @@ import time
 
 from benchlib import (Bodies, Fleet, Interrupted, NotAvailable, Procs,
                       add_build_dir, add_out, build_type, counter_delta,
-                      free_port, histogram_delta, histogram_quantile,
-                      host_cpu, ignore_signals, load_trace, logger, machine,
-                      md_table, probe, refusal, replay, rusage_secs, scrape,
-                      smg_ready, start_smg, trap_signals)
+                      finish, free_port, histogram_delta, histogram_quantile,
+                      host_cpu, load_trace, logger, machine, md_table, probe,
+                      refusal, replay, rusage_secs, scrape, smg_ready,
+                      start_smg, trap_signals)
 from routing import (DEFAULT_TRACE, WORKERS, figures, plan, stretch,
                      worker_args)
 
@@ -550,12 +550,7 @@ def main(argv):
         log(f"interrupted ({e}); reporting what was measured")
         rc = 130
     finally:
-        ignore_signals()
-        procs.stop_all()
-        if args.keep_tmp:
-            log(f"kept {tmp}")
-        else:
-            subprocess.run(["rm", "-rf", tmp], check=False)
+        finish(procs, tmp, args.keep_tmp, log)
     text = report(args, m, info, res, time.monotonic() - t0,
                   [x for x in CONFIGS if x in args.names] +
                   [x for x in args.names if x not in CONFIGS])

@@ -44,10 +44,9 @@ import sys
 import tempfile
 import time
 
-from benchlib import (Interrupted, Procs, add_build_dir, add_out,
-                      build_type, free_port, ignore_signals, logger,
-                      machine, md_table, smg_ready, start_simworker,
-                      trap_signals, wait_for)
+from benchlib import (Interrupted, Procs, add_build_dir, add_out, build_type,
+                      finish, free_port, logger, machine, md_table, smg_ready,
+                      start_simworker, trap_signals, wait_for)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -538,12 +537,7 @@ def main():
         log(f"interrupted ({e or 'Ctrl-C'}); stopping every process")
         return 130
     finally:
-        ignore_signals()
-        procs.stop_all()
-        if args.keep_tmp:
-            log(f"kept {tmp}")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+        finish(procs, tmp, args.keep_tmp, log)
     return 0
 
 

@@ -47,16 +47,15 @@ import math
 import os
 import random
 import resource
-import subprocess
 import sys
 import tempfile
 import time
 
 from benchlib import (BLOCK_TOKENS, Bodies, Fleet, Interrupted, NotAvailable,
-                      Procs, add_build_dir, add_out, block_lengths,
-                      build_type, host_cpu, load_trace, logger, machine,
-                      md_table, nearest_rank, oracle_bound, replay,
-                      rusage_secs, start_smg_target, trap_signals)
+                      Procs, add_build_dir, add_out, block_lengths, build_type,
+                      finish, host_cpu, load_trace, logger, machine, md_table,
+                      nearest_rank, oracle_bound, replay, rusage_secs,
+                      start_smg_target, trap_signals)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -837,11 +836,7 @@ def main(argv):
         log(f"interrupted ({e}); reporting what was measured")
         rc = 130
     finally:
-        procs.stop_all()
-        if args.keep_tmp:
-            log(f"kept {tmp}")
-        else:
-            subprocess.run(["rm", "-rf", tmp], check=False)
+        finish(procs, tmp, args.keep_tmp, log)
     text = report(args, m, infos, res, time.monotonic() - t0)
     sys.stdout.write(text)
     if args.out:
