@@ -1348,6 +1348,42 @@ tls_client(const char *d, const char *name)
 }
 
 /*
+ * The certificates of make_certs in the fixture's directory and an echo
+ * server over tls+tcp:// on a free port that requires a client one; hp
+ * gets "localhost:PORT" (the name the server's certificate carries).
+ */
+static struct sp_server *
+tls_echo_server(struct fixture *fx, struct tls_ctx **sctx, int *seen, char *hp,
+    size_t hplen)
+{
+	char crt[256], key[256], ca[256];
+	struct sp_server *srv;
+
+	assert_int_equal(make_certs(fx->fx_dir), 0);
+	snprintf(crt, sizeof(crt), "%s/srv.crt", fx->fx_dir);
+	snprintf(key, sizeof(key), "%s/srv.key", fx->fx_dir);
+	snprintf(ca, sizeof(ca), "%s/ca.crt", fx->fx_dir);
+	*sctx = tls_ctx_new_server_mutual(crt, key, ca);
+	assert_non_null(*sctx);
+	srv = sp_server_new_tls(fx->fx_loop, "127.0.0.1:0", *sctx, TEST_MAX,
+	    echo_cb, seen);
+	assert_non_null(srv);
+	snprintf(hp, hplen, "localhost:%d", sp_server_port(srv));
+	return srv;
+}
+
+static void
+tls_certs_remove(struct fixture *fx)
+{
+	char cmd[256];
+
+	snprintf(cmd, sizeof(cmd),
+	    "cd %s && rm -f ca.* other.* srv.* cli.* bad.* ext.cnf",
+	    fx->fx_dir);
+	assert_int_equal(system(cmd), 0);
+}
+
+/*
  * tls+tcp:// with certificates both ways: a known client is answered
  * (small requests and a frame larger than a TLS record); a client with
  * no certificate, or one from another CA, is never heard.
@@ -1356,7 +1392,7 @@ static void
 test_tls_mutual(void **state)
 {
 	struct fixture *fx = *state;
-	char crt[256], key[256], ca[256], hp[64];
+	char crt[256], key[256], hp[64];
 	struct tls_ctx *sctx, *good, *anon, *bad;
 	struct sp_server *srv;
 	struct sp_client *cl, *cl_anon, *cl_bad;
@@ -1365,23 +1401,16 @@ test_tls_mutual(void **state)
 	char msg[32];
 	int i, done = 0, seen = 0;
 
-	assert_int_equal(make_certs(fx->fx_dir), 0);
+	srv = tls_echo_server(fx, &sctx, &seen, hp, sizeof(hp));
 	snprintf(crt, sizeof(crt), "%s/srv.crt", fx->fx_dir);
 	snprintf(key, sizeof(key), "%s/srv.key", fx->fx_dir);
-	snprintf(ca, sizeof(ca), "%s/ca.crt", fx->fx_dir);
 	assert_null(tls_ctx_new_server_mutual(crt, key, NULL));
-	sctx = tls_ctx_new_server_mutual(crt, key, ca);
-	assert_non_null(sctx);
 	good = tls_client(fx->fx_dir, "cli");
 	anon = tls_client(fx->fx_dir, NULL);
 	bad = tls_client(fx->fx_dir, "bad");
 	assert_non_null(good);
 	assert_non_null(anon);
 	assert_non_null(bad);
-	srv = sp_server_new_tls(fx->fx_loop, "127.0.0.1:0", sctx, TEST_MAX,
-	    echo_cb, &seen);
-	assert_non_null(srv);
-	snprintf(hp, sizeof(hp), "localhost:%d", sp_server_port(srv));
 	cl = sp_client_new_tls(fx->fx_loop, hp, good, 16, TEST_MAX);
 	cl_anon = sp_client_new_tls(fx->fx_loop, hp, anon, 1, TEST_MAX);
 	cl_bad = sp_client_new_tls(fx->fx_loop, hp, bad, 1, TEST_MAX);
@@ -1430,10 +1459,7 @@ test_tls_mutual(void **state)
 	tls_ctx_free(anon);
 	tls_ctx_free(bad);
 	tls_ctx_free(sctx);
-	snprintf(crt, sizeof(crt),
-	    "cd %s && rm -f ca.* other.* srv.* cli.* bad.* ext.cnf",
-	    fx->fx_dir);
-	assert_int_equal(system(crt), 0);
+	tls_certs_remove(fx);
 }
 
 /*
@@ -1446,7 +1472,7 @@ static void
 test_tls_pipelined_waves(void **state)
 {
 	struct fixture *fx = *state;
-	char crt[256], key[256], ca[256], hp[64];
+	char hp[64];
 	struct tls_ctx *sctx, *cctx;
 	struct sp_server *srv;
 	struct sp_client *cl;
@@ -1456,18 +1482,9 @@ test_tls_pipelined_waves(void **state)
 	unsigned seed = 7;
 	int wave, i, done, seen = 0;
 
-	assert_int_equal(make_certs(fx->fx_dir), 0);
-	snprintf(crt, sizeof(crt), "%s/srv.crt", fx->fx_dir);
-	snprintf(key, sizeof(key), "%s/srv.key", fx->fx_dir);
-	snprintf(ca, sizeof(ca), "%s/ca.crt", fx->fx_dir);
-	sctx = tls_ctx_new_server_mutual(crt, key, ca);
+	srv = tls_echo_server(fx, &sctx, &seen, hp, sizeof(hp));
 	cctx = tls_client(fx->fx_dir, "cli");
-	assert_non_null(sctx);
 	assert_non_null(cctx);
-	srv = sp_server_new_tls(fx->fx_loop, "127.0.0.1:0", sctx, TEST_MAX,
-	    echo_cb, &seen);
-	assert_non_null(srv);
-	snprintf(hp, sizeof(hp), "localhost:%d", sp_server_port(srv));
 	cl = sp_client_new_tls(fx->fx_loop, hp, cctx, 32, TEST_MAX);
 	assert_non_null(cl);
 	buf = malloc(70000);
@@ -1498,10 +1515,7 @@ test_tls_pipelined_waves(void **state)
 	sp_server_free(srv);
 	tls_ctx_free(cctx);
 	tls_ctx_free(sctx);
-	snprintf(crt, sizeof(crt),
-	    "cd %s && rm -f ca.* other.* srv.* cli.* bad.* ext.cnf",
-	    fx->fx_dir);
-	assert_int_equal(system(crt), 0);
+	tls_certs_remove(fx);
 }
 
 int

@@ -159,24 +159,56 @@ handshake_both(struct tls_conn *srv, struct tls_conn *cli, int *srv_rv,
 	}
 }
 
+/* A server and a client over a socketpair, with their contexts. */
+struct pair {
+	struct tls_ctx *p_sctx, *p_cctx;
+	struct tls_conn *p_srv, *p_cli;
+	int p_sv[2];
+};
+
+/* sctx (taken over) serves; the client trusts ca_name, dials hostname. */
+static void
+pair_open(struct pair *p, struct tls_ctx *sctx, const char *ca_name,
+    const char *hostname)
+{
+	assert_non_null(p->p_sctx = sctx);
+	assert_non_null(p->p_cctx = client_ctx(ca_name));
+	make_pair(p->p_sv);
+	assert_non_null(p->p_srv = tls_conn_new_server(sctx, p->p_sv[0]));
+	assert_non_null(
+	    p->p_cli = tls_conn_new_client(p->p_cctx, p->p_sv[1], hostname));
+}
+
+/* Frees what is left (a side already gone is NULL, its fd -1). */
+static void
+pair_close(struct pair *p)
+{
+	tls_conn_free(p->p_srv);
+	tls_conn_free(p->p_cli);
+	if (p->p_sv[0] != -1)
+		close(p->p_sv[0]);
+	if (p->p_sv[1] != -1)
+		close(p->p_sv[1]);
+	tls_ctx_free(p->p_sctx);
+	tls_ctx_free(p->p_cctx);
+}
+
 static void
 test_handshake_and_data(void **state)
 {
-	struct tls_ctx *sctx, *cctx;
+	struct pair p;
 	struct tls_conn *srv, *cli;
 	static char big[200000], got[sizeof(big)];
 	size_t off, roff;
 	char buf[64];
 	ssize_t n;
-	int sv[2], srv_rv, cli_rv, i;
+	int *sv = p.p_sv, srv_rv, cli_rv, i;
 	struct pollfd pfd[2];
 
 	(void)state;
-	assert_non_null(sctx = server_ctx());
-	assert_non_null(cctx = client_ctx("ca.crt"));
-	make_pair(sv);
-	assert_non_null(srv = tls_conn_new_server(sctx, sv[0]));
-	assert_non_null(cli = tls_conn_new_client(cctx, sv[1], "localhost"));
+	pair_open(&p, server_ctx(), "ca.crt", "localhost");
+	srv = p.p_srv;
+	cli = p.p_cli;
 
 	/* Nothing to read yet: both sides want to wait. */
 	assert_int_equal(tls_conn_read(srv, buf, sizeof(buf)), TLS_WANT_READ);
@@ -241,12 +273,7 @@ test_handshake_and_data(void **state)
 	assert_int_equal(tls_conn_close_notify(cli), TLS_OK);
 	assert_int_equal(tls_conn_read(srv, buf, sizeof(buf)), TLS_CLOSED);
 
-	tls_conn_free(srv);
-	tls_conn_free(cli);
-	close(sv[0]);
-	close(sv[1]);
-	tls_ctx_free(sctx);
-	tls_ctx_free(cctx);
+	pair_close(&p);
 }
 
 /*
@@ -258,15 +285,13 @@ test_handshake_and_data(void **state)
 static void
 expect_suite(const char *server_name, const char *want)
 {
-	struct tls_ctx *sctx, *cctx;
+	struct pair p;
 	struct tls_conn *srv, *cli;
-	int sv[2], srv_rv, cli_rv;
+	int srv_rv, cli_rv;
 
-	assert_non_null(sctx = server_ctx_named(server_name));
-	assert_non_null(cctx = client_ctx("ca.crt"));
-	make_pair(sv);
-	assert_non_null(srv = tls_conn_new_server(sctx, sv[0]));
-	assert_non_null(cli = tls_conn_new_client(cctx, sv[1], "localhost"));
+	pair_open(&p, server_ctx_named(server_name), "ca.crt", "localhost");
+	srv = p.p_srv;
+	cli = p.p_cli;
 	assert_null(tls_conn_suite(cli));
 	handshake_both(srv, cli, &srv_rv, &cli_rv);
 	assert_int_equal(cli_rv, TLS_OK);
@@ -275,12 +300,7 @@ expect_suite(const char *server_name, const char *want)
 	assert_string_equal(tls_conn_suite(cli), tls_conn_suite(srv));
 	print_message("%s certificate: %s\n", server_name, tls_conn_suite(cli));
 	assert_non_null(strstr(tls_conn_suite(cli), want));
-	tls_conn_free(srv);
-	tls_conn_free(cli);
-	close(sv[0]);
-	close(sv[1]);
-	tls_ctx_free(sctx);
-	tls_ctx_free(cctx);
+	pair_close(&p);
 }
 
 static void
@@ -297,50 +317,34 @@ test_suite_preference(void **state)
 static void
 test_eof_is_closed(void **state)
 {
-	struct tls_ctx *sctx, *cctx;
-	struct tls_conn *srv, *cli;
-	int sv[2], srv_rv, cli_rv;
+	struct pair p;
+	int srv_rv, cli_rv;
 	char buf[16];
 
 	(void)state;
-	assert_non_null(sctx = server_ctx());
-	assert_non_null(cctx = client_ctx("ca.crt"));
-	make_pair(sv);
-	assert_non_null(srv = tls_conn_new_server(sctx, sv[0]));
-	assert_non_null(cli = tls_conn_new_client(cctx, sv[1], "localhost"));
-	handshake_both(srv, cli, &srv_rv, &cli_rv);
+	pair_open(&p, server_ctx(), "ca.crt", "localhost");
+	handshake_both(p.p_srv, p.p_cli, &srv_rv, &cli_rv);
 	assert_int_equal(cli_rv, TLS_OK);
 	assert_int_equal(srv_rv, TLS_OK);
 	/* The server goes away without close_notify. */
-	tls_conn_free(srv);
-	close(sv[0]);
-	assert_int_equal(tls_conn_read(cli, buf, sizeof(buf)), TLS_CLOSED);
-	tls_conn_free(cli);
-	close(sv[1]);
-	tls_ctx_free(sctx);
-	tls_ctx_free(cctx);
+	tls_conn_free(p.p_srv);
+	p.p_srv = NULL;
+	close(p.p_sv[0]);
+	p.p_sv[0] = -1;
+	assert_int_equal(tls_conn_read(p.p_cli, buf, sizeof(buf)), TLS_CLOSED);
+	pair_close(&p);
 }
 
 static void
 expect_client_failure(const char *ca_name, const char *hostname)
 {
-	struct tls_ctx *sctx, *cctx;
-	struct tls_conn *srv, *cli;
-	int sv[2], srv_rv, cli_rv;
+	struct pair p;
+	int srv_rv, cli_rv;
 
-	assert_non_null(sctx = server_ctx());
-	assert_non_null(cctx = client_ctx(ca_name));
-	make_pair(sv);
-	assert_non_null(srv = tls_conn_new_server(sctx, sv[0]));
-	assert_non_null(cli = tls_conn_new_client(cctx, sv[1], hostname));
-	handshake_both(srv, cli, &srv_rv, &cli_rv);
+	pair_open(&p, server_ctx(), ca_name, hostname);
+	handshake_both(p.p_srv, p.p_cli, &srv_rv, &cli_rv);
 	assert_int_equal(cli_rv, TLS_ERROR);
-	tls_conn_free(srv);
-	tls_conn_free(cli);
-	close(sv[0]);
-	close(sv[1]);
-	tls_ctx_free(sctx);
-	tls_ctx_free(cctx);
+	pair_close(&p);
 }
 
 static void
