@@ -420,6 +420,25 @@ def test_discovery_follows_pods(tmp_path):
             manual.stop()
 
 
+def start_pd_pods(tmp_path, api, port, rdv, sims, prefill_port,
+                  *prefill_extra):
+    """A prefill pod on 127.0.0.2 (its bootstrap port annotated) and a
+    decode pod on 127.0.0.3, started (into sims) and listed by api; their
+    URLs."""
+    sims.append(start_pod_sim(
+        tmp_path, "127.0.0.2", port, "prefill0", "--role", "prefill",
+        "--bootstrap-port", prefill_port, "--bootstrap-dir", rdv,
+        "--worker-id", "P0", *prefill_extra))
+    sims.append(start_pod_sim(
+        tmp_path, "127.0.0.3", port, "decode0", "--role", "decode",
+        "--bootstrap-dir", rdv, "--bootstrap-timeout", 2,
+        "--worker-id", "D0"))
+    api.add("p0", {"app": "sglang", "role": "prefill"}, "127.0.0.2",
+            annotations={"sglang.ai/bootstrap-port": str(prefill_port)})
+    api.add("d0", {"app": "sglang", "role": "decode"}, "127.0.0.3")
+    return tuple(f"http://127.0.0.{i}:{port}" for i in (2, 3))
+
+
 def test_discovery_pd(tmp_path):
     port = util.free_port()
     rdv = tmp_path / "rdv"
@@ -427,18 +446,7 @@ def test_discovery_pd(tmp_path):
     api = FakeK8s()
     sims = []
     try:
-        sims.append(start_pod_sim(
-            tmp_path, "127.0.0.2", port, "prefill0", "--role", "prefill",
-            "--bootstrap-port", 9150, "--bootstrap-dir", rdv,
-            "--worker-id", "P0"))
-        sims.append(start_pod_sim(
-            tmp_path, "127.0.0.3", port, "decode0", "--role", "decode",
-            "--bootstrap-dir", rdv, "--bootstrap-timeout", 2,
-            "--worker-id", "D0"))
-        up, ud = (f"http://127.0.0.{i}:{port}" for i in (2, 3))
-        api.add("p0", {"app": "sglang", "role": "prefill"}, "127.0.0.2",
-                annotations={"sglang.ai/bootstrap-port": "9150"})
-        api.add("d0", {"app": "sglang", "role": "decode"}, "127.0.0.3")
+        up, ud = start_pd_pods(tmp_path, api, port, rdv, sims, 9150)
         api.add("r0", {"app": "sglang", "role": "router"}, "127.0.0.5")
         with gw.start_gateway(
                 tmp_path, "--service-discovery", "--pd-disaggregation",
@@ -483,20 +491,11 @@ def test_discovery_epd(tmp_path):
             tmp_path, "127.0.0.4", port, "encode0", "--role", "encode",
             "--bootstrap-port", 9350, "--bootstrap-dir", rdv,
             "--worker-id", "E0"))
-        sims.append(start_pod_sim(
-            tmp_path, "127.0.0.2", port, "prefill0", "--role", "prefill",
-            "--bootstrap-port", 9351, "--bootstrap-dir", rdv,
-            "--bootstrap-timeout", 2, "--worker-id", "P0"))
-        sims.append(start_pod_sim(
-            tmp_path, "127.0.0.3", port, "decode0", "--role", "decode",
-            "--bootstrap-dir", rdv, "--bootstrap-timeout", 2,
-            "--worker-id", "D0"))
-        ue, up, ud = (f"http://127.0.0.{i}:{port}" for i in (4, 2, 3))
+        ue = f"http://127.0.0.4:{port}"
         api.add("e0", {"app": "sglang", "role": "encode"}, "127.0.0.4",
                 annotations={"sglang.ai/bootstrap-port": "9350"})
-        api.add("p0", {"app": "sglang", "role": "prefill"}, "127.0.0.2",
-                annotations={"sglang.ai/bootstrap-port": "9351"})
-        api.add("d0", {"app": "sglang", "role": "decode"}, "127.0.0.3")
+        up, ud = start_pd_pods(tmp_path, api, port, rdv, sims, 9351,
+                               "--bootstrap-timeout", 2)
         with gw.start_gateway(
                 tmp_path, "--service-discovery", "--epd-disaggregation",
                 "--prefill-selector", "app=sglang", "role=prefill",
